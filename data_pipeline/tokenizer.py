@@ -1,0 +1,103 @@
+"""One interface over the tokenizers the pipeline accepts.
+
+- a HF `tokenizer.json` (optionally `.xz`-compressed, as the bundled GPT-NeoX-20B file),
+- a sentencepiece `.model`,
+- a local HF tokenizer folder (containing `tokenizer.json` or `tokenizer.model`).
+"""
+
+from __future__ import annotations
+
+import lzma
+from dataclasses import dataclass
+from pathlib import Path
+
+EOD_CANDIDATES = ("<|endoftext|>", "<|end_of_text|>", "</s>", "<eos>", "<|eos|>")
+
+
+@dataclass
+class Tokenizer:
+    """Batch encode/decode with a known vocabulary size and end-of-document id."""
+
+    backend: object
+    kind: str  # "hf" or "sentencepiece"
+    vocab_size: int
+    eod_id: int
+    path: str
+
+    def encode_batch(self, texts: list[str]) -> list[list[int]]:
+        if self.kind == "hf":
+            return [enc.ids for enc in self.backend.encode_batch(texts, add_special_tokens=False)]
+        return self.backend.encode(texts, out_type=int)
+
+    def encode(self, text: str) -> list[int]:
+        return self.encode_batch([text])[0]
+
+    def decode(self, ids: list[int]) -> str:
+        if self.kind == "hf":
+            return self.backend.decode(list(ids), skip_special_tokens=False)
+        return self.backend.decode(list(ids))
+
+    def token_id(self, token: str) -> int:
+        """Id of a token given by its text; ValueError when the vocabulary lacks it."""
+        tid = self.backend.token_to_id(token) if self.kind == "hf" else self.backend.piece_to_id(token)
+        if tid is None or (self.kind == "sentencepiece" and tid == self.backend.unk_id() and token != "<unk>"):
+            raise ValueError(f"token {token!r} is not in the vocabulary of {self.path}")
+        return tid
+
+
+def load_tokenizer(path: str | Path, eod_token: str | None = None) -> Tokenizer:
+    """Load a tokenizer file or folder; raise FileNotFoundError/ValueError with the path."""
+    path = Path(path)
+    if path.is_dir():
+        for name in ("tokenizer.json", "tokenizer.json.xz", "tokenizer.model"):
+            if (path / name).is_file():
+                return load_tokenizer(path / name, eod_token)
+        raise ValueError(f"{path}: folder has no tokenizer.json or tokenizer.model")
+    if not path.is_file():
+        raise FileNotFoundError(f"tokenizer not found: {path}")
+    if path.suffix == ".model":
+        return _sentencepiece(path, eod_token)
+    if path.name.endswith((".json", ".json.xz")):
+        return _hf(path, eod_token)
+    raise ValueError(f"{path}: unknown tokenizer format (expected tokenizer.json[.xz], a sentencepiece "
+                     ".model, or a folder holding one)")
+
+
+def _hf(path: Path, eod_token: str | None) -> Tokenizer:
+    from tokenizers import Tokenizer as HFTokenizer
+
+    raw = lzma.decompress(path.read_bytes()) if path.suffix == ".xz" else path.read_bytes()
+    try:
+        backend = HFTokenizer.from_str(raw.decode("utf-8"))
+    except Exception as err:  # tokenizers raises a bare Exception on malformed files
+        raise ValueError(f"{path}: not a valid tokenizer.json: {err}") from None
+    tok = Tokenizer(backend, "hf", backend.get_vocab_size(with_added_tokens=True), -1, str(path))
+    tok.eod_id = _find_eod(tok, eod_token)
+    return tok
+
+
+def _sentencepiece(path: Path, eod_token: str | None) -> Tokenizer:
+    import sentencepiece as spm
+
+    try:
+        backend = spm.SentencePieceProcessor(model_file=str(path))
+    except (OSError, RuntimeError) as err:
+        raise ValueError(f"{path}: not a valid sentencepiece model: {err}") from None
+    tok = Tokenizer(backend, "sentencepiece", backend.get_piece_size(), -1, str(path))
+    if eod_token is None and backend.eos_id() >= 0:
+        tok.eod_id = backend.eos_id()
+    else:
+        tok.eod_id = _find_eod(tok, eod_token)
+    return tok
+
+
+def _find_eod(tok: Tokenizer, eod_token: str | None) -> int:
+    if eod_token is not None:
+        return tok.token_id(eod_token)
+    for candidate in EOD_CANDIDATES:
+        try:
+            return tok.token_id(candidate)
+        except ValueError:
+            continue
+    raise ValueError(f"{tok.path}: no end-of-text token found (tried {', '.join(EOD_CANDIDATES)}); "
+                     "name one with --eod-token")

@@ -1,0 +1,381 @@
+"""Typed run configuration: YAML files (with `base:`), dotted overrides, validation.
+
+    python -m implicit_megatron.config CONFIG [key=value ...] [--world-size N]
+
+prints the resolved config, or the first error (naming file, key and expectation)
+with exit status 2. Validation runs before any process starts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+import yaml
+
+from implicit_megatron.utils.typed_yaml import (
+    ConfigError,
+    apply_overrides,
+    build_dataclass,
+    read_yaml_chain,
+    source_of,
+    to_dict,
+)
+
+# --------------------------------------------------------------------------- sections
+
+
+@dataclass
+class Mamba2Settings:
+    """mamba_ssm's Mamba2 constructor keywords (same names, same defaults)."""
+
+    d_state: int = 128
+    d_conv: int = 4
+    expand: int = 2
+    headdim: int = 64
+    ngroups: int = 1
+    chunk_size: int = 256
+    conv_bias: bool = True
+    bias: bool = False
+    dt_min: float = 0.001
+    dt_max: float = 0.1
+    dt_init_floor: float = 1e-4
+    A_init_range: tuple[float, float] = (1.0, 16.0)
+    use_seq_idx: bool = False  # True: packed documents do not share SSM/conv state (paper: off)
+
+
+@dataclass
+class LlamaSettings:
+    n_heads: int = 12
+    n_kv_heads: int | None = None  # None = n_heads (plain multi-head attention)
+    ffn_dim: int | None = None  # None = 8/3 * d_model rounded up to ffn_multiple_of (Llama recipe)
+    ffn_multiple_of: int = 256
+    rope_theta: float = 10000.0
+    attention_bias: bool = False
+
+
+@dataclass
+class ModelConfig:
+    arch: Literal["mamba2", "llama"] = "mamba2"
+    d_model: int = 768
+    n_layers: int = 24
+    vocab_size: int = 50277  # the GPT-NeoX-20B tokenizer
+    pad_vocab_multiple: int = 1  # Mamba2 recipe: 16
+    norm_eps: float = 1e-5
+    init_std: float = 0.02
+    tie_embeddings: bool = True
+    use_kernels: bool = True  # fused mamba_ssm / causal_conv1d / flash-attn when importable and on GPU
+    mamba2: Mamba2Settings = field(default_factory=Mamba2Settings)
+    llama: LlamaSettings = field(default_factory=LlamaSettings)
+
+    @property
+    def padded_vocab_size(self) -> int:
+        return math.ceil(self.vocab_size / self.pad_vocab_multiple) * self.pad_vocab_multiple
+
+    @property
+    def d_inner(self) -> int:
+        return self.mamba2.expand * self.d_model
+
+    @property
+    def ffn_dim(self) -> int:
+        if self.llama.ffn_dim is not None:
+            return self.llama.ffn_dim
+        m = self.llama.ffn_multiple_of
+        return m * math.ceil(int(8 * self.d_model / 3) / m)
+
+
+@dataclass
+class AndersonSettings:
+    enabled: bool = False
+    window: int = 5
+    regularization: float = 1e-4
+    mixing: float = 1.0
+
+
+@dataclass
+class ImplicitConfig:
+    """(s+k): at most `max_iter` passes without gradient, then `phantom_steps` with it."""
+
+    enabled: bool = False
+    max_iter: int = 4
+    tol: float | None = None  # None: a bounded phase, exactly max_iter passes
+    phantom_steps: int = 1
+    damping: float = 0.8  # lambda of the phantom step z <- (1-l) z + l F(z)
+    eval_factor: int = 4  # evaluation caps the passes at max_iter * eval_factor
+    injection: bool = True  # the shared input-injection module
+    weight_norm: bool = False
+    gradient: Literal["phantom", "unrolled"] = "phantom"  # unrolled: backprop through all passes
+    anderson: AndersonSettings = field(default_factory=AndersonSettings)
+
+
+@dataclass
+class DataConfig:
+    tokenizer: str = "data/tokenizers/gpt-neox-20b.json.xz"
+    prefixes: list[str] = field(default_factory=list)  # shard prefixes, read as {prefix}_{split}
+    weights: list[float] | None = None  # blending weights, one per prefix
+    seq_len: int = 2048
+    seed: int = 1234
+    source: str | None = None  # raw text to build missing shards from (the quickstart corpus)
+    num_workers: int = 1
+
+
+@dataclass
+class OptimizerConfig:
+    lr: float = 3e-3
+    betas: tuple[float, float] = (0.9, 0.95)
+    eps: float = 1e-8
+    weight_decay: float = 0.1
+    grad_clip: float = 1.0
+
+
+@dataclass
+class ScheduleConfig:
+    """Linear warmup -> constant -> 1 - sqrt cooldown to min_lr (over the whole curriculum)."""
+
+    warmup_steps: int = 2000
+    cooldown_start: float = 0.9  # fraction of train.steps (Llama: start of the free phase)
+    min_lr: float = 1e-5
+
+
+@dataclass
+class PhaseConfig:
+    name: str
+    kind: Literal["bounded", "free"]
+    fraction: float  # share of train.steps
+    max_iter: int
+    phantom_steps: int
+    tol: float | None = None  # required in a free phase, forbidden in a bounded one
+
+
+@dataclass
+class CurriculumConfig:
+    phases: list[PhaseConfig] = field(default_factory=list)
+    run_phase: str | None = None  # None: every phase in one launch
+
+
+@dataclass
+class DistributedConfig:
+    zero_stage: Literal[0, 1, 2, 3] = 1
+    precision: Literal["bf16", "fp16", "fp32"] = "bf16"
+    activation_checkpointing: bool = False
+    backend: Literal["auto", "nccl", "gloo"] = "auto"
+
+
+@dataclass
+class CheckpointConfig:
+    interval: int = 1000
+    keep_last: int = 3
+    load: str | None = None  # start from this checkpoint folder (phase handoff, fine-tuning)
+    load_optimizer: bool = True
+    load_scheduler: bool = True
+    load_data_state: bool = True
+
+
+@dataclass
+class TrackingConfig:
+    enabled: bool = True
+    uri: str | None = None  # None: a local sqlite store in train.output_dir
+    experiment: str = "implicit-megatron"
+
+
+@dataclass
+class TrainConfig:
+    output_dir: str | None = None  # None: runs/<name>
+    steps: int = 1000  # optimizer steps over the whole curriculum
+    global_batch_size: int = 512  # sequences per optimizer step (512 x 2048 = 1M tokens)
+    micro_batch_size: int = 8
+    log_interval: int = 10
+    eval_interval: int = 1000
+    eval_iters: int = 20
+    seed: int = 1234
+    max_nonfinite_in_row: int = 10
+
+
+@dataclass
+class Config:
+    name: str = "run"
+    model: ModelConfig = field(default_factory=ModelConfig)
+    implicit: ImplicitConfig = field(default_factory=ImplicitConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
+    schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
+    curriculum: CurriculumConfig = field(default_factory=CurriculumConfig)
+    distributed: DistributedConfig = field(default_factory=DistributedConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    tracking: TrackingConfig = field(default_factory=TrackingConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    source: str = field(default="", repr=False, compare=False)  # the file it was loaded from
+
+    @property
+    def output_dir(self) -> str:
+        return self.train.output_dir or os.path.join("runs", self.name)
+
+    def to_dict(self) -> dict:
+        data = to_dict(self)
+        data.pop("source")
+        return data
+
+
+# --------------------------------------------------------------------------- loading
+
+
+def load_config(path: str | os.PathLike, overrides: list[str] | tuple[str, ...] = (),
+                world_size: int | None = None, check_files: bool = True) -> Config:
+    """Read CONFIG (and its `base:` chain), apply overrides, build and validate the config."""
+    data, sources = read_yaml_chain(path)
+    data, sources = apply_overrides(data, sources, list(overrides))
+    cfg = build_dataclass(Config, data, sources)
+    cfg.source = str(path)
+    validate(cfg, sources, world_size=world_size, check_files=check_files)
+    return cfg
+
+
+def validate(cfg: Config, sources: dict[str, str] | None = None, world_size: int | None = None,
+             check_files: bool = True) -> None:
+    """Cross-field checks; raise ConfigError naming the file and key at fault."""
+    sources = sources or {}
+
+    def fail(key: str, message: str) -> None:
+        raise ConfigError(source_of(sources, key) or cfg.source or "defaults", key, message)
+
+    def positive(key: str, value: float) -> None:
+        if value <= 0:
+            fail(key, f"expected a positive value, got {value}")
+
+    m = cfg.model
+    for key in ("d_model", "n_layers", "vocab_size", "pad_vocab_multiple"):
+        positive(f"model.{key}", getattr(m, key))
+    if m.arch == "mamba2":
+        s = m.mamba2
+        for key in ("d_state", "d_conv", "expand", "headdim", "ngroups", "chunk_size"):
+            positive(f"model.mamba2.{key}", getattr(s, key))
+        if m.d_inner % s.headdim:
+            fail("model.mamba2.headdim", f"expand*d_model = {m.d_inner} is not divisible by headdim {s.headdim}")
+        if (m.d_inner // s.headdim) % s.ngroups:
+            fail("model.mamba2.ngroups", f"nheads = {m.d_inner // s.headdim} is not divisible by ngroups")
+    else:
+        s = m.llama
+        positive("model.llama.n_heads", s.n_heads)
+        if m.d_model % s.n_heads or (m.d_model // s.n_heads) % 2:
+            fail("model.llama.n_heads", f"d_model {m.d_model} must split into n_heads {s.n_heads} heads "
+                                        "of even size (RoPE rotates pairs)")
+        if s.n_kv_heads is not None and (s.n_kv_heads <= 0 or s.n_heads % s.n_kv_heads):
+            fail("model.llama.n_kv_heads", f"must divide n_heads {s.n_heads}, got {s.n_kv_heads}")
+
+    im = cfg.implicit
+    positive("implicit.max_iter", im.max_iter)
+    positive("implicit.eval_factor", im.eval_factor)
+    if im.phantom_steps < 1:
+        fail("implicit.phantom_steps", f"expected at least 1, got {im.phantom_steps}")
+    if not 0 < im.damping <= 1:
+        fail("implicit.damping", f"expected 0 < damping <= 1, got {im.damping}")
+    if im.tol is not None:
+        positive("implicit.tol", im.tol)
+    if im.anderson.enabled and im.anderson.window < 1:
+        fail("implicit.anderson.window", "expected at least 1")
+
+    _validate_curriculum(cfg, fail)
+
+    t = cfg.train
+    for key in ("steps", "global_batch_size", "micro_batch_size", "log_interval", "eval_interval"):
+        positive(f"train.{key}", getattr(t, key))
+    dp = world_size if world_size is not None else int(os.environ.get("WORLD_SIZE", "1"))
+    if t.global_batch_size % (t.micro_batch_size * dp):
+        fail("train.global_batch_size",
+             f"{t.global_batch_size} is not divisible by micro_batch_size x data-parallel size "
+             f"= {t.micro_batch_size} x {dp} = {t.micro_batch_size * dp}")
+    if cfg.schedule.warmup_steps >= t.steps:
+        fail("schedule.warmup_steps", f"{cfg.schedule.warmup_steps} is not below train.steps {t.steps}")
+    if not 0 <= cfg.schedule.cooldown_start <= 1:
+        fail("schedule.cooldown_start", f"expected a fraction in [0, 1], got {cfg.schedule.cooldown_start}")
+    positive("optimizer.lr", cfg.optimizer.lr)
+    if cfg.schedule.min_lr > cfg.optimizer.lr:
+        fail("schedule.min_lr", f"{cfg.schedule.min_lr} exceeds the peak optimizer.lr {cfg.optimizer.lr}")
+    positive("data.seq_len", cfg.data.seq_len)
+    if cfg.data.weights is not None and len(cfg.data.weights) != len(cfg.data.prefixes):
+        fail("data.weights", f"{len(cfg.data.weights)} weights for {len(cfg.data.prefixes)} prefixes")
+    if check_files:
+        _validate_tokenizer(cfg, fail)
+
+
+def _validate_curriculum(cfg: Config, fail) -> None:
+    phases = cfg.curriculum.phases
+    names = [p.name for p in phases]
+    for i, phase in enumerate(phases):
+        key = f"curriculum.phases[{i}]"
+        if names.count(phase.name) > 1:
+            fail(f"{key}.name", f"phase name {phase.name!r} is used twice")
+        if phase.kind == "bounded" and phase.tol is not None:
+            fail(f"{key}.tol", f"a bounded phase runs exactly max_iter passes; remove tol {phase.tol} "
+                               "or make the phase kind 'free'")
+        if phase.kind == "free" and phase.tol is None:
+            fail(f"{key}.tol", "a free phase needs a stopping tolerance (the paper: 0.05)")
+        if phase.max_iter < 1 or phase.phantom_steps < 1:
+            fail(f"{key}.max_iter", "max_iter and phantom_steps must be at least 1")
+        if not 0 < phase.fraction <= 1:
+            fail(f"{key}.fraction", f"expected a fraction in (0, 1], got {phase.fraction}")
+    if phases and not cfg.implicit.enabled:
+        fail("curriculum.phases", "a curriculum needs implicit.enabled: true")
+    if phases and abs(sum(p.fraction for p in phases) - 1) > 1e-6:
+        fail("curriculum.phases", f"fractions must add up to 1, got {sum(p.fraction for p in phases):g}")
+    if cfg.curriculum.run_phase is not None and cfg.curriculum.run_phase not in names:
+        fail("curriculum.run_phase", f"no phase named {cfg.curriculum.run_phase!r}; phases: {names}")
+
+
+def _validate_tokenizer(cfg: Config, fail) -> None:
+    path = Path(cfg.data.tokenizer)
+    if not path.exists():
+        fail("data.tokenizer", f"tokenizer not found: {path}")
+    from data_pipeline.tokenizer import load_tokenizer
+
+    try:
+        vocab = load_tokenizer(path).vocab_size
+    except (OSError, ValueError) as err:
+        fail("data.tokenizer", f"cannot load tokenizer {path}: {err}")
+    if cfg.model.vocab_size < vocab:
+        fail("model.vocab_size", f"{cfg.model.vocab_size} is smaller than the vocabulary of "
+                                 f"{path} ({vocab} tokens)")
+
+
+# --------------------------------------------------------------------------- phases
+
+
+def phase_bounds(cfg: Config) -> list[tuple[PhaseConfig, int, int]]:
+    """Each phase with its [first_step, end_step) over train.steps."""
+    bounds, start, acc = [], 0, 0.0
+    for phase in cfg.curriculum.phases:
+        acc += phase.fraction
+        end = cfg.train.steps if phase is cfg.curriculum.phases[-1] else round(acc * cfg.train.steps)
+        bounds.append((phase, start, end))
+        start = end
+    return bounds
+
+
+# --------------------------------------------------------------------------- CLI
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m implicit_megatron.config", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("config")
+    parser.add_argument("overrides", nargs="*", help="dotted overrides, e.g. train.micro_batch_size=4")
+    parser.add_argument("--world-size", type=int, default=None, help="data-parallel size to check batches for")
+    parser.add_argument("--no-file-checks", action="store_true", help="do not open the tokenizer")
+    args = parser.parse_args(argv)
+    try:
+        cfg = load_config(args.config, args.overrides, world_size=args.world_size,
+                          check_files=not args.no_file_checks)
+    except ConfigError as err:
+        print(f"config error: {err}", file=sys.stderr)
+        return 2
+    yaml.safe_dump(cfg.to_dict(), sys.stdout, sort_keys=False)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,213 @@
+"""YAML files -> typed dataclasses, with `base:` inheritance and dotted overrides.
+
+Every value remembers where it came from (a file or the command line), so that an
+error names the file, the key and what was expected.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import re
+import types
+import typing
+from pathlib import Path
+from typing import Any, Literal, Union
+
+import yaml
+
+BASE_KEY = "base"
+COMMAND_LINE = "command line"
+
+
+class ConfigError(ValueError):
+    """A configuration problem, reported as `source: key: message`."""
+
+    def __init__(self, source: str, key: str, message: str):
+        self.source, self.key, self.message = source, key, message
+        where = f"{source}: " if source else ""
+        super().__init__(f"{where}{key}: {message}" if key else f"{where}{message}")
+
+
+# --------------------------------------------------------------------------- reading
+
+
+def read_yaml_chain(path: str | Path, _seen: tuple[Path, ...] = ()) -> tuple[dict, dict[str, str]]:
+    """Read a YAML file and the chain of files it extends through `base:`.
+
+    Returns the merged mapping and, for every leaf key (dotted), the file that set it.
+    """
+    path = Path(path).resolve()
+    if path in _seen:
+        chain = " -> ".join(str(p) for p in (*_seen, path))
+        raise ConfigError(str(path), BASE_KEY, f"circular base chain: {chain}")
+    if not path.is_file():
+        raise ConfigError(str(path), "", "config file not found")
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as err:
+        raise ConfigError(str(path), "", f"not valid YAML: {err}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(str(path), "", f"expected a mapping at the top level, got {type(data).__name__}")
+
+    merged: dict = {}
+    sources: dict[str, str] = {}
+    bases = data.pop(BASE_KEY, None)
+    for base in [bases] if isinstance(bases, str) else (bases or []):
+        base_data, base_sources = read_yaml_chain(path.parent / base, (*_seen, path))
+        merged, sources = merge(merged, sources, base_data, base_sources)
+    own_sources = {key: str(path) for key in leaf_keys(data)}
+    return merge(merged, sources, data, own_sources)
+
+
+def leaf_keys(mapping: dict, prefix: str = "") -> list[str]:
+    keys = []
+    for key, value in mapping.items():
+        dotted = f"{prefix}{key}"
+        if isinstance(value, dict) and value:
+            keys.extend(leaf_keys(value, dotted + "."))
+        else:
+            keys.append(dotted)
+    return keys
+
+
+def merge(base: dict, base_sources: dict, top: dict, top_sources: dict) -> tuple[dict, dict]:
+    """Deep-merge `top` over `base`: mappings merge, everything else (lists too) replaces."""
+    sources = {k: v for k, v in base_sources.items() if not _replaced_by(k, top)}
+    sources.update(top_sources)
+    return _merge_data(base, top), sources
+
+
+def _merge_data(base: dict, top: dict) -> dict:
+    out = dict(base)
+    for key, value in top.items():
+        both_maps = isinstance(value, dict) and isinstance(out.get(key), dict)
+        out[key] = _merge_data(out[key], value) if both_maps else value
+    return out
+
+
+def _replaced_by(dotted: str, top: dict) -> bool:
+    """True when `top` sets `dotted` or one of its parents to something that is not a mapping."""
+    node: Any = top
+    for part in dotted.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return False
+        node = node[part]
+        if not isinstance(node, dict) or not node:
+            return True
+    return True
+
+
+def apply_overrides(data: dict, sources: dict, overrides: list[str]) -> tuple[dict, dict]:
+    """Apply `a.b.c=value` overrides; values are parsed as YAML (null, 4, [1, 2], true)."""
+    for item in overrides:
+        if "=" not in item:
+            raise ConfigError(COMMAND_LINE, item, "expected an override of the form key.sub_key=value")
+        dotted, raw = item.split("=", 1)
+        dotted = dotted.strip().lstrip("-")
+        try:
+            value = yaml.safe_load(raw) if raw.strip() else ""
+        except yaml.YAMLError as err:
+            raise ConfigError(COMMAND_LINE, dotted, f"value is not valid YAML: {err}") from None
+        nested: Any = value
+        for part in reversed(dotted.split(".")):
+            nested = {part: nested}
+        data, sources = merge(data, sources, nested, {k: COMMAND_LINE for k in leaf_keys(nested)})
+    return data, sources
+
+
+# --------------------------------------------------------------------------- typing
+
+
+def build_dataclass(cls: type, data: dict, sources: dict[str, str], prefix: str = "") -> Any:
+    """Instantiate dataclass `cls` from a mapping, checking every key and every type."""
+    if not isinstance(data, dict):
+        raise ConfigError(source_of(sources, prefix.rstrip(".")), prefix.rstrip("."),
+                          f"expected a mapping for {cls.__name__}, got {type(data).__name__}")
+    hints = typing.get_type_hints(cls)
+    names = [f.name for f in dataclasses.fields(cls) if f.init]
+    for key in data:
+        if key not in names:
+            dotted = f"{prefix}{key}"
+            close = difflib.get_close_matches(str(key), names, n=1)
+            hint = f" (did you mean '{prefix}{close[0]}'?)" if close else ""
+            raise ConfigError(source_of(sources, dotted), dotted,
+                              f"unknown key{hint}; {cls.__name__} accepts: {', '.join(names)}")
+    kwargs = {key: coerce(hints[key], value, sources, f"{prefix}{key}") for key, value in data.items()}
+    return cls(**kwargs)
+
+
+def coerce(tp: Any, value: Any, sources: dict[str, str], dotted: str) -> Any:
+    """Check `value` against type hint `tp` (int, float, str, bool, Optional, list, Literal, dataclass)."""
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+    if origin in (Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        errors = []
+        for arg in (a for a in args if a is not type(None)):
+            try:
+                return coerce(arg, value, sources, dotted)
+            except ConfigError as err:
+                errors.append(err.message)
+        raise ConfigError(source_of(sources, dotted), dotted, " or ".join(errors))
+    if origin is Literal:
+        if value in args:
+            return value
+        raise ConfigError(source_of(sources, dotted), dotted,
+                          f"expected one of {', '.join(map(repr, args))}, got {value!r}")
+    if origin in (list, tuple):
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(source_of(sources, dotted), dotted, f"expected a list, got {_describe(value)}")
+        item_types = args if origin is tuple and Ellipsis not in args else (args[0],) * len(value)
+        if len(item_types) != len(value):
+            raise ConfigError(source_of(sources, dotted), dotted,
+                              f"expected a list of {len(item_types)} items, got {len(value)}")
+        items = [coerce(t, v, sources, f"{dotted}[{i}]") for i, (t, v) in enumerate(zip(item_types, value))]
+        return tuple(items) if origin is tuple else items
+    if dataclasses.is_dataclass(tp):
+        return build_dataclass(tp, value if value is not None else {}, sources, f"{dotted}.")
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+    elif tp is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    elif tp is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+    elif tp is str:
+        if isinstance(value, str):
+            return value
+    elif tp is Any:
+        return value
+    else:
+        raise TypeError(f"unsupported config type {tp!r} for {dotted}")
+    expected = {bool: "true or false", int: "an integer", float: "a number", str: "a string"}[tp]
+    raise ConfigError(source_of(sources, dotted), dotted, f"expected {expected}, got {_describe(value)}")
+
+
+def to_dict(obj: Any) -> Any:
+    """Dataclass tree -> plain YAML-serialisable data."""
+    if dataclasses.is_dataclass(obj):
+        return {f.name: to_dict(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+    if isinstance(obj, (list, tuple)):
+        return [to_dict(v) for v in obj]
+    return obj
+
+
+def source_of(sources: dict[str, str], dotted: str) -> str:
+    """The file that set `dotted`, its nearest enclosing key, or its first sub-key ("" if none)."""
+    key = re.sub(r"\[\d+\]", "", dotted)
+    while key:
+        if key in sources:
+            return sources[key]
+        below = [v for k, v in sources.items() if k.startswith(key + ".")]
+        if below:
+            return below[-1]
+        key = key.rsplit(".", 1)[0] if "." in key else ""
+    return ""
+
+
+def _describe(value: Any) -> str:
+    return "null" if value is None else f"{type(value).__name__} {value!r}"

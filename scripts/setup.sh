@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# Idempotent set-up of .venv for this checkout.
+#   bash scripts/setup.sh [EXTRAS]       e.g. EXTRAS=dev or dev,eval
+# Where a torch build is already importable (cluster images, ROCm builds) the venv
+# sees the system packages and reuses it; otherwise torch==2.13.0 (CPU) is installed
+# first and held by a constraints file so that no dependency pulls a CUDA wheel.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+extras="${1:-}"
+py="${PYTHON:-python3}"
+venv=".venv"
+stamp="$venv/.installed-${extras:-base}"
+
+if [ -f "$stamp" ] && [ "$stamp" -nt pyproject.toml ]; then
+  exit 0
+fi
+
+if [ ! -x "$venv/bin/python" ]; then
+  if "$py" -c "import torch" 2>/dev/null; then
+    echo "[setup] reusing the system torch: $("$py" -c 'import torch; print(torch.__version__)')"
+    "$py" -m venv --system-site-packages "$venv"
+  else
+    "$py" -m venv "$venv"
+  fi
+fi
+vpy="$venv/bin/python"
+"$vpy" -m pip install -q --upgrade pip setuptools wheel
+
+constraints="$venv/constraints.txt"
+if ! "$vpy" -c "import torch" 2>/dev/null; then
+  echo "[setup] installing torch==2.13.0 (CPU)"
+  "$vpy" -m pip install -q "torch==2.13.0"
+fi
+"$vpy" -c "import torch; print(f'torch=={torch.__version__.split(\"+\")[0]}')" > "$constraints"
+
+spec="."
+[ -n "$extras" ] && spec=".[$extras]"
+echo "[setup] installing implicit-megatron $spec (torch held at $(cat "$constraints"))"
+PIP_CONSTRAINT="$constraints" "$vpy" -m pip install -q -e "$spec"
+touch "$stamp"
+echo "[setup] done: $venv"
