@@ -1,0 +1,114 @@
+"""Fixed-point search without gradient: z^0 = 0, z^s = F(z^{s-1}) until converged or capped.
+
+The stop rule is the per-sample relative residual ||F(z) - z|| / ||F(z)|| over (T, d): stop when
+its batch maximum is below `tol`. In a distributed run that maximum is all-reduced (MAX) across
+the data-parallel group, so every rank runs the same number of passes: ranks that disagree
+crash ZeRO-3 on gloo and hang it on NCCL. `tol=None` is a bounded phase: exactly `max_iter` passes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from implicit_megatron.config import AndersonSettings
+
+Function = Callable[[torch.Tensor], torch.Tensor]
+
+
+@dataclass
+class SolverStats:
+    """What one solve did: passes through F, final residual and convergence per sample."""
+
+    passes: int  # passes without gradient
+    residual: torch.Tensor  # (B,) relative residual of the last pass
+    converged: torch.Tensor  # (B,) bool: residual < tol (all True in a bounded phase)
+    phantom_passes: int = 0  # passes with gradient that followed
+
+    @property
+    def total_passes(self) -> int:
+        return self.passes + self.phantom_passes
+
+    @property
+    def converged_frac(self) -> float:
+        return self.converged.float().mean().item()
+
+
+def relative_residual(f_z: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+    """||F(z) - z|| / ||F(z)|| per sample, over every dimension but the first."""
+    diff = (f_z - z).flatten(1).float().norm(dim=1)
+    return diff / f_z.flatten(1).float().norm(dim=1).clamp_min(torch.finfo(torch.float32).tiny)
+
+
+def agreed_max(value: torch.Tensor, group: dist.ProcessGroup | None = None) -> float:
+    """The maximum of `value` over the data-parallel group (itself outside a distributed run)."""
+    value = value.detach().float().max().reshape(1)
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size(group) > 1:
+        value = value.clone()
+        dist.all_reduce(value, op=dist.ReduceOp.MAX, group=group)
+    return value.item()
+
+
+@torch.no_grad()
+def solve(f: Function, z0: torch.Tensor, max_iter: int, tol: float | None,
+          anderson: AndersonSettings | None = None,
+          group: dist.ProcessGroup | None = None) -> tuple[torch.Tensor, SolverStats]:
+    """Iterate F from z0; return the last F(z) and statistics. Every pass calls F exactly once."""
+    accelerate = anderson is not None and anderson.enabled
+    history = _AndersonHistory(anderson) if accelerate else None
+    if max_iter == 0:  # (0+k): the phantom steps alone, e.g. to compare with unrolled backprop
+        ones = torch.ones(z0.shape[0], dtype=torch.bool, device=z0.device)
+        return z0, SolverStats(0, torch.zeros(z0.shape[0], device=z0.device), ones)
+    z = z0
+    for passes in range(1, max_iter + 1):
+        f_z = f(z)
+        residual = relative_residual(f_z, z)
+        if tol is not None and agreed_max(residual, group) < tol:
+            break
+        z = history.next_iterate(z, f_z) if history is not None else f_z
+    converged = residual < tol if tol is not None else torch.ones_like(residual, dtype=torch.bool)
+    return f_z, SolverStats(passes, residual, converged)
+
+
+class _AndersonHistory:
+    """Anderson acceleration (type II) over the last `window` iterates, per sample.
+
+    Solves min_a ||sum_i a_i (F(x_i) - x_i)||^2 subject to sum_i a_i = 1 (with Tikhonov
+    regularisation) and mixes x_next = beta * sum a_i F(x_i) + (1 - beta) * sum a_i x_i.
+    A singular system falls back to the plain iterate F(x) for that pass.
+    """
+
+    def __init__(self, settings: AndersonSettings):
+        self.settings = settings
+        self.xs: list[torch.Tensor] = []
+        self.fs: list[torch.Tensor] = []
+
+    def next_iterate(self, x: torch.Tensor, f_x: torch.Tensor) -> torch.Tensor:
+        self.xs = [*self.xs, x.flatten(1)][-self.settings.window:]
+        self.fs = [*self.fs, f_x.flatten(1)][-self.settings.window:]
+        m = len(self.xs)
+        if m < 2:
+            return f_x
+        X = torch.stack(self.xs, dim=1).double()  # (B, m, n)
+        F = torch.stack(self.fs, dim=1).double()
+        G = F - X
+        gram = G @ G.transpose(1, 2)  # (B, m, m)
+        batch = gram.shape[0]
+        system = torch.zeros(batch, m + 1, m + 1, dtype=gram.dtype, device=gram.device)
+        system[:, 0, 1:] = 1
+        system[:, 1:, 0] = 1
+        scale = gram.diagonal(dim1=1, dim2=2).mean(dim=1).clamp_min(1e-30)
+        eye = torch.eye(m, dtype=gram.dtype, device=gram.device)
+        system[:, 1:, 1:] = gram + self.settings.regularization * scale[:, None, None] * eye
+        rhs = torch.zeros(batch, m + 1, 1, dtype=gram.dtype, device=gram.device)
+        rhs[:, 0] = 1
+        solution, info = torch.linalg.solve_ex(system, rhs)
+        if bool((info != 0).any()) or not torch.isfinite(solution).all():
+            return f_x
+        alpha = solution[:, 1:]  # (B, m, 1)
+        beta = self.settings.mixing
+        mixed = beta * (alpha * F).sum(1) + (1 - beta) * (alpha * X).sum(1)
+        return mixed.to(x.dtype).view_as(x)

@@ -1,0 +1,75 @@
+"""The fixed-point solver on functions whose fixed points are known in closed form."""
+
+from __future__ import annotations
+
+import torch
+
+from implicit_megatron.config import AndersonSettings
+from implicit_megatron.implicit.solver import relative_residual, solve
+
+
+def affine_contraction(batch: int = 3, n: int = 20, rate: float = 0.7, seed: int = 0):
+    """F(z) = A z + b with ||A|| = rate per sample; the fixed point solves (I - A) z = b."""
+    g = torch.Generator().manual_seed(seed)
+    q, _ = torch.linalg.qr(torch.randn(n, n, generator=g, dtype=torch.float64))
+    A = rate * q
+    b = torch.randn(batch, n, generator=g, dtype=torch.float64)
+    z_star = torch.linalg.solve(torch.eye(n, dtype=torch.float64) - A, b.T).T
+    return (lambda z: z @ A.T + b), z_star
+
+
+def test_relative_residual_is_per_sample_over_all_other_dims():
+    f_z = torch.ones(2, 3, 4)
+    z = torch.zeros(2, 3, 4)
+    z[1] = 0.5
+    assert torch.allclose(relative_residual(f_z, z), torch.tensor([1.0, 0.5]))
+
+
+def test_bounded_phase_runs_exactly_max_iter_passes():
+    calls = []
+    f, _ = affine_contraction()
+
+    def counted(z):
+        calls.append(1)
+        return f(z)
+
+    _, stats = solve(counted, torch.zeros(3, 20, dtype=torch.float64), max_iter=7, tol=None)
+    assert stats.passes == 7 and len(calls) == 7 and stats.converged.all()
+
+
+def test_stops_at_tolerance_and_reaches_the_fixed_point():
+    f, z_star = affine_contraction(rate=0.5)
+    z, stats = solve(f, torch.zeros(3, 20, dtype=torch.float64), max_iter=200, tol=1e-10)
+    assert stats.passes < 200 and stats.converged.all() and (stats.residual < 1e-10).all()
+    assert torch.allclose(z, z_star, atol=1e-9)
+    # the stop rule: the pass before the last was not yet converged
+    _, earlier = solve(f, torch.zeros(3, 20, dtype=torch.float64), max_iter=stats.passes - 1, tol=1e-10)
+    assert earlier.residual.max() >= 1e-10 and not earlier.converged.all()
+
+
+def test_cap_reports_unconverged_samples():
+    f, _ = affine_contraction(rate=0.95)
+    _, stats = solve(f, torch.zeros(3, 20, dtype=torch.float64), max_iter=3, tol=1e-6)
+    assert stats.passes == 3 and not stats.converged.any()
+
+
+def test_anderson_reaches_tolerance_in_fewer_passes():
+    f, z_star = affine_contraction(rate=0.95, seed=1)
+    z0 = torch.zeros(3, 20, dtype=torch.float64)
+    _, plain = solve(f, z0, max_iter=1000, tol=1e-8)
+    z, accel = solve(f, z0, max_iter=1000, tol=1e-8, anderson=AndersonSettings(enabled=True, window=6))
+    assert accel.converged.all() and accel.passes < plain.passes / 2
+    assert torch.allclose(z, z_star, atol=1e-6)
+
+
+def test_anderson_falls_back_on_a_singular_system():
+    z0 = torch.zeros(2, 5, dtype=torch.float64)
+    f = lambda z: torch.ones_like(z)  # noqa: E731  residual history is identical: a singular Gram matrix
+    z, stats = solve(f, z0, max_iter=5, tol=None, anderson=AndersonSettings(enabled=True, regularization=0.0))
+    assert torch.isfinite(z).all() and torch.equal(z, torch.ones_like(z)) and stats.passes == 5
+
+
+def test_zero_passes_returns_the_start():
+    z0 = torch.randn(2, 4)
+    z, stats = solve(lambda z: z + 1, z0, max_iter=0, tol=None)
+    assert z is z0 and stats.passes == 0

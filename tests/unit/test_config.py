@@ -1,0 +1,152 @@
+"""Configs: every shipped file validates, each class of error is reported with file and key."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from implicit_megatron.config import load_config, phase_bounds
+from implicit_megatron.utils.typed_yaml import ConfigError
+
+ROOT = Path(__file__).resolve().parents[2]
+CONFIGS = ROOT / "configs"
+EXPERIMENTS = sorted(p for p in CONFIGS.rglob("*.yaml") if "parts" not in p.parts)
+
+
+@pytest.fixture(autouse=True)
+def _repo_cwd(monkeypatch):
+    monkeypatch.chdir(ROOT)  # config paths (tokenizer, data) are relative to the repository
+
+
+@pytest.mark.parametrize("path", EXPERIMENTS, ids=lambda p: str(p.relative_to(CONFIGS)))
+def test_every_config_validates(path):
+    cfg = load_config(path, world_size=1)
+    assert cfg.name
+    if cfg.curriculum.run_phase:
+        assert cfg.curriculum.run_phase in {p.name for p in cfg.curriculum.phases}
+
+
+def write(tmp_path: Path, name: str, text: str) -> Path:
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+def error_of(path, overrides=(), **kwargs) -> ConfigError:
+    with pytest.raises(ConfigError) as info:
+        load_config(path, list(overrides), **kwargs)
+    return info.value
+
+
+def test_unknown_key_names_file_key_and_suggestion(tmp_path):
+    path = write(tmp_path, "bad.yaml", f"base: {CONFIGS / 'tiny/mamba2-explicit.yaml'}\nmodel:\n  d_modle: 32\n")
+    err = error_of(path)
+    assert err.source == str(path) and err.key == "model.d_modle"
+    assert "did you mean 'model.d_model'" in str(err)
+
+
+def test_unknown_section(tmp_path):
+    path = write(tmp_path, "bad.yaml", "trainer:\n  steps: 3\n")
+    err = error_of(path)
+    assert err.key == "trainer" and str(path) in str(err)
+
+
+def test_wrong_type_names_expectation():
+    err = error_of(CONFIGS / "tiny/llama-explicit.yaml", ["model.llama.n_heads=four"])
+    assert err.source == "command line" and err.key == "model.llama.n_heads"
+    assert "expected an integer" in err.message
+
+
+def test_wrong_literal():
+    err = error_of(CONFIGS / "quickstart.yaml", ["model.arch=rwkv"])
+    assert "expected one of 'mamba2', 'llama'" in err.message
+
+
+def test_bool_is_not_an_int_and_int_is_a_float():
+    assert error_of(CONFIGS / "quickstart.yaml", ["train.steps=true"]).key == "train.steps"
+    cfg = load_config(CONFIGS / "quickstart.yaml", ["optimizer.lr=1"])
+    assert cfg.optimizer.lr == 1.0 and isinstance(cfg.optimizer.lr, float)
+
+
+def test_batch_not_divisible_by_micro_batch_times_data_parallel():
+    load_config(CONFIGS / "mamba2/130m-explicit.yaml", world_size=64)  # 512 = 8 x 64
+    err = error_of(CONFIGS / "mamba2/130m-explicit.yaml", world_size=48)
+    assert err.key == "train.global_batch_size"
+    assert "8 x 48" in err.message and err.source.endswith("parts/train/paper.yaml")
+
+
+def test_tolerance_in_bounded_phase_is_refused(tmp_path):
+    path = write(tmp_path, "phase.yaml", f"""base: {CONFIGS / 'tiny/mamba2-implicit.yaml'}
+curriculum:
+  phases:
+    - {{name: bounded, kind: bounded, fraction: 1.0, max_iter: 4, phantom_steps: 1, tol: 0.05}}
+""")
+    err = error_of(path)
+    assert err.key == "curriculum.phases[0].tol" and err.source == str(path)
+    assert "bounded phase" in err.message
+
+
+def test_free_phase_needs_tolerance_and_fractions_add_up():
+    phases = "[{name: a, kind: free, fraction: 1.0, max_iter: 8, phantom_steps: 2}]"
+    assert error_of(CONFIGS / "tiny/mamba2-implicit.yaml", [f"curriculum.phases={phases}"]).key.endswith(".tol")
+    phases = "[{name: a, kind: bounded, fraction: 0.5, max_iter: 4, phantom_steps: 1}]"
+    assert "add up to 1" in error_of(CONFIGS / "tiny/mamba2-implicit.yaml", [f"curriculum.phases={phases}"]).message
+
+
+def test_unknown_run_phase():
+    err = error_of(CONFIGS / "tiny/mamba2-implicit.yaml", ["curriculum.run_phase=warmup"])
+    assert err.key == "curriculum.run_phase" and "bounded" in err.message
+
+
+def test_vocabulary_smaller_than_tokenizer():
+    err = error_of(CONFIGS / "quickstart.yaml", ["model.vocab_size=50000"])
+    assert err.key == "model.vocab_size" and "50277" in err.message
+
+
+def test_missing_tokenizer_file():
+    err = error_of(CONFIGS / "quickstart.yaml", ["data.tokenizer=nowhere/tokenizer.json"])
+    assert err.key == "data.tokenizer" and "nowhere/tokenizer.json" in err.message
+
+
+def test_model_shape_checks():
+    assert error_of(CONFIGS / "tiny/mamba2-explicit.yaml", ["model.mamba2.headdim=48"]).key == "model.mamba2.headdim"
+    assert error_of(CONFIGS / "tiny/llama-explicit.yaml", ["model.llama.n_kv_heads=3"]).key == "model.llama.n_kv_heads"
+
+
+def test_yaml_file_problems(tmp_path):
+    assert "not found" in str(error_of(tmp_path / "missing.yaml"))
+    assert "not valid YAML" in str(error_of(write(tmp_path, "broken.yaml", "model: [1,\n")))
+    a = write(tmp_path, "a.yaml", "base: b.yaml\n")
+    write(tmp_path, "b.yaml", "base: a.yaml\n")
+    assert "circular" in str(error_of(a))
+    assert "key.sub_key=value" in str(error_of(CONFIGS / "quickstart.yaml", ["train.steps"]))
+
+
+def test_base_chain_and_overrides(tmp_path):
+    child = write(tmp_path, "child.yaml", f"base: {CONFIGS / 'tiny/mamba2-implicit.yaml'}\n"
+                                          "name: child\ntrain: {steps: 30}\n")
+    cfg = load_config(child, ["implicit.tol=null", "train.micro_batch_size=2", "data.prefixes=[a, b]"])
+    assert cfg.name == "child" and cfg.train.steps == 30 and cfg.train.global_batch_size == 8
+    assert cfg.implicit.tol is None and cfg.train.micro_batch_size == 2
+    assert cfg.data.prefixes == ["a", "b"]
+    assert cfg.model.d_model == 64  # from the grandparent
+    assert cfg.output_dir == "runs/child"
+
+
+def test_phase_bounds_cover_all_steps():
+    cfg = load_config(CONFIGS / "mamba2/130m-implicit.yaml")
+    (bounded, b0, b1), (free, f0, f1) = phase_bounds(cfg)
+    assert (b0, b1, f0, f1) == (0, round(0.8 * 197701), round(0.8 * 197701), 197701)
+    assert (bounded.max_iter, bounded.phantom_steps, bounded.tol) == (4, 1, None)
+    assert (free.max_iter, free.phantom_steps, free.tol) == (24, 4, 0.05)
+
+
+def test_cli_prints_config_or_exits_2():
+    cmd = [sys.executable, "-m", "implicit_megatron.config"]
+    ok = subprocess.run([*cmd, "configs/quickstart.yaml", "train.steps=70"], cwd=ROOT, capture_output=True, text=True)
+    assert ok.returncode == 0 and "steps: 70" in ok.stdout
+    bad = subprocess.run([*cmd, "configs/quickstart.yaml", "train.stepz=7"], cwd=ROOT, capture_output=True, text=True)
+    assert bad.returncode == 2 and "train.stepz" in bad.stderr and "command line" in bad.stderr
