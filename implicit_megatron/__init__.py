@@ -15,7 +15,7 @@ from implicit_megatron.config import Config, load_config  # noqa: E402
 
 def build_model(cfg: Config):
     """The LanguageModel a config describes (explicit, or wrapped in the implicit core)."""
-    from implicit_megatron.models import build_model as _build
+    from implicit_megatron.builder import build_model as _build
 
     return _build(cfg)
 

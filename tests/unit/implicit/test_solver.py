@@ -9,10 +9,11 @@ from implicit_megatron.implicit.solver import relative_residual, solve
 
 
 def affine_contraction(batch: int = 3, n: int = 20, rate: float = 0.7, seed: int = 0):
-    """F(z) = A z + b with ||A|| = rate per sample; the fixed point solves (I - A) z = b."""
+    """F(z) = A z + b, A symmetric with spectrum in [0, rate]; the fixed point solves (I - A) z = b."""
     g = torch.Generator().manual_seed(seed)
     q, _ = torch.linalg.qr(torch.randn(n, n, generator=g, dtype=torch.float64))
-    A = rate * q
+    spectrum = torch.linspace(0, rate, n, dtype=torch.float64)
+    A = q @ torch.diag(spectrum) @ q.T
     b = torch.randn(batch, n, generator=g, dtype=torch.float64)
     z_star = torch.linalg.solve(torch.eye(n, dtype=torch.float64) - A, b.T).T
     return (lambda z: z @ A.T + b), z_star

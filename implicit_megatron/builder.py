@@ -1,0 +1,46 @@
+"""build_model: compose a backbone, the (implicit or explicit) core and the language-model head.
+
+This is the one place that knows both `models` and `implicit`; each of those knows nothing of
+the other beyond the backbone contract (`backbone(z, inj)`, `backbone.step(z_t, state, inj_t)`).
+"""
+
+from __future__ import annotations
+
+from torch import nn
+from torch.nn.utils import parametrize
+from torch.nn.utils.parametrizations import weight_norm
+
+from implicit_megatron.config import Config
+from implicit_megatron.implicit import ImplicitCore, Injection, SolverSettings
+from implicit_megatron.models.backbone import Backbone
+from implicit_megatron.models.lm import LanguageModel
+
+
+def build_model(cfg: Config) -> LanguageModel:
+    backbone = Backbone(cfg.model)
+    settings = injection = None
+    if cfg.implicit.enabled:
+        settings = SolverSettings.from_config(cfg.implicit)
+        if cfg.implicit.injection:
+            injection = Injection(cfg.model.d_model, backbone.injection_width, cfg.model.norm_eps,
+                                  cfg.model.init_std)
+        if cfg.implicit.weight_norm:
+            apply_weight_norm(backbone)
+    return LanguageModel(cfg.model, core=ImplicitCore(backbone, settings, injection))
+
+
+def weight_normed_layers(module: nn.Module) -> list[nn.Module]:
+    return [m for m in module.modules() if isinstance(m, (nn.Linear, nn.Conv1d))]
+
+
+def apply_weight_norm(module: nn.Module) -> None:
+    """w = g * v / ||v|| on every linear and conv layer (the paper's reference configs)."""
+    for layer in weight_normed_layers(module):
+        weight_norm(layer, name="weight", dim=0)
+
+
+def remove_weight_norm(module: nn.Module) -> None:
+    """Fold g and v back into plain weights (for export): the function is unchanged."""
+    for layer in module.modules():
+        if parametrize.is_parametrized(layer, "weight"):
+            parametrize.remove_parametrizations(layer, "weight", leave_parametrized=True)

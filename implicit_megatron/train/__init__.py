@@ -1,0 +1,1 @@
+"""Training: DeepSpeed engine set-up, learning-rate schedule, loop, checkpoints, tracking."""

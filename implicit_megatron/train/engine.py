@@ -1,0 +1,63 @@
+"""DeepSpeed set-up derived from our config: process group, ZeRO stage, precision, batch sizes.
+
+Our config is the single source of truth; the DeepSpeed JSON is computed from it (and saved with
+every checkpoint through the resolved config), never written by hand.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+from torch import nn
+
+from implicit_megatron.config import Config
+from implicit_megatron.train.optim import build_optimizer
+
+
+def init_distributed(cfg: Config) -> None:
+    """Start the process group (gloo on CPU, NCCL/RCCL on GPUs) once per process."""
+    import deepspeed
+
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        return
+    if not torch.cuda.is_available():
+        # DeepSpeed otherwise compiles a shared-memory op (~90 s) at the first init on CPU.
+        deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
+    backend = cfg.distributed.backend
+    if backend == "auto":
+        backend = "nccl" if torch.cuda.is_available() else "gloo"
+    deepspeed.init_distributed(dist_backend=backend, verbose=False)
+    if torch.cuda.is_available():
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+
+
+def deepspeed_config(cfg: Config, world_size: int) -> dict:
+    t = cfg.train
+    accumulation = t.global_batch_size // (t.micro_batch_size * world_size)
+    precision = cfg.distributed.precision
+    return {
+        "train_batch_size": t.global_batch_size,
+        "train_micro_batch_size_per_gpu": t.micro_batch_size,
+        "gradient_accumulation_steps": accumulation,
+        "gradient_clipping": cfg.optimizer.grad_clip,
+        "zero_optimization": {"stage": cfg.distributed.zero_stage},
+        "bf16": {"enabled": precision == "bf16"},
+        "fp16": {"enabled": precision == "fp16", "loss_scale": 0, "initial_scale_power": 16},
+        "zero_allow_untested_optimizer": True,
+        "steps_per_print": 2**31 - 1,
+        "wall_clock_breakdown": False,
+    }
+
+
+def build_engine(cfg: Config, model: nn.Module):
+    """Wrap `model` in a DeepSpeed engine with torch's AdamW; returns the engine."""
+    import deepspeed
+
+    init_distributed(cfg)
+    world_size = torch.distributed.get_world_size()
+    if torch.cuda.is_available():
+        model = model.cuda()
+    engine, *_ = deepspeed.initialize(model=model, optimizer=build_optimizer(model, cfg.optimizer),
+                                      config=deepspeed_config(cfg, world_size))
+    return engine
