@@ -16,17 +16,19 @@ from implicit_megatron.models.backbone import Backbone
 from implicit_megatron.models.lm import LanguageModel
 
 
-def build_model(cfg: Config) -> LanguageModel:
-    backbone = Backbone(cfg.model)
+def build_model(cfg: Config, device=None, dtype=None) -> LanguageModel:
+    """The model a config describes; the explicit baseline is the core with no solver settings
+    (one pass from z^0 = embedding, no injection), so both share every line of block code."""
+    backbone = Backbone(cfg.model, device=device, dtype=dtype)
     settings = injection = None
     if cfg.implicit.enabled:
         settings = SolverSettings.from_config(cfg.implicit)
         if cfg.implicit.injection:
             injection = Injection(cfg.model.d_model, backbone.injection_width, cfg.model.norm_eps,
-                                  cfg.model.init_std)
+                                  cfg.model.init_std, device=device, dtype=dtype)
         if cfg.implicit.weight_norm:
             apply_weight_norm(backbone)
-    return LanguageModel(cfg.model, core=ImplicitCore(backbone, settings, injection))
+    return LanguageModel(cfg.model, ImplicitCore(backbone, settings, injection), device=device, dtype=dtype)
 
 
 def weight_normed_layers(module: nn.Module) -> list[nn.Module]:

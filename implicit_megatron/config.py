@@ -174,6 +174,7 @@ class CheckpointConfig:
     load_optimizer: bool = True
     load_scheduler: bool = True
     load_data_state: bool = True
+    allow_data_change: bool = False  # resume although data, sequence length or batch size changed
 
 
 @dataclass
@@ -194,6 +195,7 @@ class TrainConfig:
     eval_iters: int = 20
     seed: int = 1234
     max_nonfinite_in_row: int = 10
+    peak_tflops: float | None = None  # per device, for MFU; None: looked up from the GPU's name
 
 
 @dataclass

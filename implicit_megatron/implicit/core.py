@@ -121,8 +121,9 @@ class ImplicitCore(nn.Module):
             return z_t, state, SolverStats(1, torch.zeros(x_t.shape[0]), torch.ones(x_t.shape[0], dtype=torch.bool))
         s = self.settings
         cap = s.cap(self.training)
-        z = torch.zeros_like(x_t)
-        for passes in range(1, cap + 1):
+        z, passes = torch.zeros_like(x_t), 0
+        while passes < cap:
+            passes += 1
             f_z, candidate = self.backbone.step(z, state, inj_t)
             residual = relative_residual(f_z, z)
             z = f_z

@@ -14,10 +14,11 @@ from implicit_megatron.models.norms import RMSNorm
 
 
 class Injection(nn.Module):
-    def __init__(self, d_model: int, width: int, eps: float = 1e-5, init_std: float = 0.02):
+    def __init__(self, d_model: int, width: int, eps: float = 1e-5, init_std: float = 0.02, device=None,
+                 dtype=None):
         super().__init__()
-        self.norm = RMSNorm(d_model, eps=eps)
-        self.proj = nn.Linear(d_model, width, bias=True)
+        self.norm = RMSNorm(d_model, eps=eps, device=device, dtype=dtype)
+        self.proj = nn.Linear(d_model, width, bias=True, device=device, dtype=dtype)
         nn.init.normal_(self.proj.weight, std=init_std)
         nn.init.zeros_(self.proj.bias)
 

@@ -62,8 +62,9 @@ def solve(f: Function, z0: torch.Tensor, max_iter: int, tol: float | None,
     if max_iter == 0:  # (0+k): the phantom steps alone, e.g. to compare with unrolled backprop
         ones = torch.ones(z0.shape[0], dtype=torch.bool, device=z0.device)
         return z0, SolverStats(0, torch.zeros(z0.shape[0], device=z0.device), ones)
-    z = z0
-    for passes in range(1, max_iter + 1):
+    z, passes = z0, 0
+    while passes < max_iter:
+        passes += 1
         f_z = f(z)
         residual = relative_residual(f_z, z)
         if tol is not None and agreed_max(residual, group) < tol:

@@ -1,0 +1,214 @@
+"""A Llama-3 style decoder layer: pre-RMSNorm attention with RoPE and a pre-RMSNorm SwiGLU MLP.
+
+Parameter names are `transformers`' LlamaDecoderLayer's (input_layernorm, self_attn.{q,k,v,o}_proj,
+post_attention_layernorm, mlp.{gate,up,down}_proj), so weights load unchanged. Additions for the
+implicit model: an injection `inj` added to [q, k, v] before RoPE, and a KV-cache `step` whose
+states stay valid when the same state is stepped many times (see `KVCache`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from implicit_megatron.models import kernels
+from implicit_megatron.models.norms import RMSNorm, compute_dtype
+from implicit_megatron.models.ssd import document_starts
+
+
+@dataclass(frozen=True)
+class KVCache:
+    """Keys and values of the first `length` tokens of one layer.
+
+    The keys of tokens 0 .. length-2 live in the preallocated buffers `k`, `v` (B, n_kv_heads,
+    capacity, head_dim); those of the last token are held by the state itself (`last_k`, `last_v`,
+    (B, n_kv_heads, head_dim)). A step writes only `last_*` of the state it was given into the buffer
+    slot length-1 -- the same values every time it is called with that state -- and returns a new
+    state carrying the new token's keys. So stepping one committed state repeatedly (the implicit
+    model's fixed-point iteration) and committing any of the candidates is exact, while each step
+    copies O(1) data. What is not supported is stepping a discarded sibling after a descendant of
+    its sibling was stepped: states of one sequence share the buffers.
+    """
+
+    k: torch.Tensor
+    v: torch.Tensor
+    length: int = 0
+    last_k: torch.Tensor | None = None
+    last_v: torch.Tensor | None = None
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    """[x1, x2] -> [-x2, x1] on the halves of the last dimension (the Llama/NeoX RoPE layout)."""
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat([-x2, x1], dim=-1)
+
+
+def rope_cos_sin(positions: torch.Tensor, head_dim: int, theta: float,
+                 dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin of shape positions.shape + (head_dim,), computed in at least float32."""
+    cd = compute_dtype(dtype)
+    inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64,
+                                            device=positions.device) / head_dim)
+    freqs = positions.to(cd)[..., None] * inv_freq.to(cd)
+    angles = torch.cat([freqs, freqs], dim=-1)
+    return angles.cos().to(dtype), angles.sin().to(dtype)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    return x * cos + rotate_half(x) * sin
+
+
+def document_positions(seq_idx: torch.Tensor) -> torch.Tensor:
+    """(B, T) position of each token inside its own document (RoPE restarts at every document)."""
+    t = torch.arange(seq_idx.shape[1], device=seq_idx.device).expand_as(seq_idx)
+    start = torch.where(document_starts(seq_idx), t, torch.zeros_like(t)).cummax(dim=1).values
+    return t - start
+
+
+class LlamaAttention(nn.Module):
+    """Causal multi-head attention with optional grouped KV heads (n_kv_heads divides n_heads)."""
+
+    def __init__(self, d_model: int, n_heads: int, n_kv_heads: int | None = None, rope_theta: float = 10000.0,
+                 bias: bool = False, use_kernels: bool = True, device=None, dtype=None) -> None:
+        super().__init__()
+        factory = {"device": device, "dtype": dtype}
+        self.n_heads = n_heads
+        self.n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads
+        if d_model % n_heads or n_heads % self.n_kv_heads:
+            raise ValueError(f"d_model {d_model}, n_heads {n_heads}, n_kv_heads {self.n_kv_heads} do not split")
+        self.head_dim = d_model // n_heads
+        self.rope_theta, self.use_kernels = rope_theta, use_kernels
+        self.q_dim, self.kv_dim = n_heads * self.head_dim, self.n_kv_heads * self.head_dim
+        self.q_proj = nn.Linear(d_model, self.q_dim, bias=bias, **factory)
+        self.k_proj = nn.Linear(d_model, self.kv_dim, bias=bias, **factory)
+        self.v_proj = nn.Linear(d_model, self.kv_dim, bias=bias, **factory)
+        self.o_proj = nn.Linear(self.q_dim, d_model, bias=bias, **factory)
+
+    def _qkv(self, x: torch.Tensor, inj: torch.Tensor | None):
+        """Projections (+ injection), split into heads: (..., heads, head_dim)."""
+        q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        if inj is not None:
+            dq, dk, dv = inj.to(q.dtype).split([self.q_dim, self.kv_dim, self.kv_dim], dim=-1)
+            q, k, v = q + dq, k + dk, v + dv
+        hd = self.head_dim
+        return (q.unflatten(-1, (self.n_heads, hd)), k.unflatten(-1, (self.n_kv_heads, hd)),
+                v.unflatten(-1, (self.n_kv_heads, hd)))
+
+    def _repeat_kv(self, x: torch.Tensor) -> torch.Tensor:
+        """(B, n_kv, T, hd) -> (B, n_heads, T, hd), each KV head serving n_heads/n_kv query heads."""
+        rep = self.n_heads // self.n_kv_heads
+        if rep == 1:
+            return x
+        b, h, t, d = x.shape
+        return x[:, :, None].expand(b, h, rep, t, d).reshape(b, h * rep, t, d)
+
+    def forward(self, x: torch.Tensor, inj: torch.Tensor | None = None,
+                seq_idx: torch.Tensor | None = None) -> torch.Tensor:
+        """x: (B, T, d) normalised input; seq_idx (B, T): attend and count positions within documents."""
+        b, t, _ = x.shape
+        q, k, v = self._qkv(x, inj)  # (B, T, heads, hd)
+        positions = torch.arange(t, device=x.device) if seq_idx is None else document_positions(seq_idx)
+        cos, sin = rope_cos_sin(positions, self.head_dim, self.rope_theta, q.dtype)
+        cos, sin = cos.unsqueeze(-2), sin.unsqueeze(-2)  # broadcast over heads
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+
+        flash = kernels.flash_attn(x) if self.use_kernels and seq_idx is None else None
+        if flash is not None:
+            y = flash(q, k, v, causal=True)  # (B, T, H, hd); grouped KV heads natively
+        else:
+            q, k, v = q.transpose(1, 2), self._repeat_kv(k.transpose(1, 2)), self._repeat_kv(v.transpose(1, 2))
+            if seq_idx is None:
+                y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            else:
+                same_doc = seq_idx[:, :, None] == seq_idx[:, None, :]
+                mask = same_doc & torch.ones(t, t, dtype=torch.bool, device=x.device).tril()
+                y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask[:, None])
+            y = y.transpose(1, 2)
+        return self.o_proj(y.reshape(b, t, self.q_dim))
+
+    def step(self, x_t: torch.Tensor, cache: KVCache,
+             inj_t: torch.Tensor | None = None) -> tuple[torch.Tensor, KVCache]:
+        """x_t: (B, d) normalised input of token `cache.length` -> (out (B, d), cache one token longer)."""
+        b = x_t.shape[0]
+        t = cache.length
+        if t >= cache.k.shape[2]:
+            raise RuntimeError(f"KV cache full: capacity {cache.k.shape[2]} tokens")
+        q, k, v = self._qkv(x_t, inj_t)  # (B, heads, hd)
+        cos, sin = rope_cos_sin(torch.tensor(t, device=x_t.device), self.head_dim, self.rope_theta, q.dtype)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        if t > 0:
+            with torch.no_grad():  # idempotent: the given state's own last token into its slot
+                cache.k[:, :, t - 1] = cache.last_k
+                cache.v[:, :, t - 1] = cache.last_v
+
+        # Scores against the cached past and against the token itself, one softmax over both.
+        rep, hd = self.n_heads // self.n_kv_heads, self.head_dim
+        cd = compute_dtype(q.dtype)
+        qg = q.view(b, self.n_kv_heads, rep, hd).to(cd) * hd ** -0.5
+        past_k, past_v = cache.k[:, :, :t].to(cd), cache.v[:, :, :t].to(cd)  # (B, kv, t, hd)
+        scores = torch.cat([torch.einsum("bgrd,bgsd->bgrs", qg, past_k),
+                            torch.einsum("bgrd,bgd->bgr", qg, k.to(cd))[..., None]], dim=-1)
+        p = scores.softmax(dim=-1)
+        y = torch.einsum("bgrs,bgsd->bgrd", p[..., :t], past_v) + p[..., t:] * v.to(cd)[:, :, None]
+        out = self.o_proj(y.reshape(b, self.q_dim).to(x_t.dtype))
+        new = KVCache(cache.k, cache.v, t + 1, k.to(cache.k.dtype), v.to(cache.v.dtype))
+        return out, new
+
+
+class LlamaMLP(nn.Module):
+    """SwiGLU: down(silu(gate(x)) * up(x))."""
+
+    def __init__(self, d_model: int, ffn_dim: int, bias: bool = False, device=None, dtype=None) -> None:
+        super().__init__()
+        factory = {"device": device, "dtype": dtype}
+        self.gate_proj = nn.Linear(d_model, ffn_dim, bias=bias, **factory)
+        self.up_proj = nn.Linear(d_model, ffn_dim, bias=bias, **factory)
+        self.down_proj = nn.Linear(ffn_dim, d_model, bias=bias, **factory)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class LlamaDecoderLayer(nn.Module):
+    """h = z + attn(norm(z)); out = h + mlp(norm(h))."""
+
+    def __init__(self, d_model: int, n_heads: int, ffn_dim: int, n_kv_heads: int | None = None,
+                 rope_theta: float = 10000.0, attention_bias: bool = False, norm_eps: float = 1e-5,
+                 layer_idx: int | None = None, use_kernels: bool = True, device=None, dtype=None) -> None:
+        super().__init__()
+        factory = {"device": device, "dtype": dtype}
+        self.layer_idx = layer_idx
+        self.input_layernorm = RMSNorm(d_model, eps=norm_eps, **factory)
+        self.self_attn = LlamaAttention(d_model, n_heads, n_kv_heads, rope_theta, attention_bias,
+                                        use_kernels, **factory)
+        self.post_attention_layernorm = RMSNorm(d_model, eps=norm_eps, **factory)
+        self.mlp = LlamaMLP(d_model, ffn_dim, **factory)
+
+    @property
+    def injection_width(self) -> int:
+        """Width of `inj`: [q, k, v] = q_dim + 2 * kv_dim (3 * d_model without grouped KV heads)."""
+        return self.self_attn.q_dim + 2 * self.self_attn.kv_dim
+
+    def forward(self, z: torch.Tensor, inj: torch.Tensor | None = None,
+                seq_idx: torch.Tensor | None = None) -> torch.Tensor:
+        """z: (B, T, d); inj: (B, T, injection_width) added to [q, k, v] before RoPE."""
+        h = z + self.self_attn(self.input_layernorm(z), inj, seq_idx)
+        return h + self.mlp(self.post_attention_layernorm(h))
+
+    def allocate_state(self, batch_size: int, max_seq_len: int, device=None, dtype=None) -> KVCache:
+        """An empty cache with room for `max_seq_len` tokens."""
+        weight = self.self_attn.k_proj.weight
+        device = weight.device if device is None else device
+        dtype = weight.dtype if dtype is None else dtype
+        shape = (batch_size, self.self_attn.n_kv_heads, max_seq_len, self.self_attn.head_dim)
+        return KVCache(torch.zeros(shape, device=device, dtype=dtype), torch.zeros(shape, device=device, dtype=dtype))
+
+    def step(self, z_t: torch.Tensor, state: KVCache,
+             inj_t: torch.Tensor | None = None) -> tuple[torch.Tensor, KVCache]:
+        """One token z_t (B, d) at position state.length -> (out (B, d), candidate state)."""
+        a, new_state = self.self_attn.step(self.input_layernorm(z_t), state, inj_t)
+        h = z_t + a
+        return h + self.mlp(self.post_attention_layernorm(h)), new_state

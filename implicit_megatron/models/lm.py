@@ -1,0 +1,71 @@
+"""LanguageModel: embedding -> core -> head tied to the embedding.
+
+The core maps embedded tokens x (B, T, d) to final, normalised states z (B, T, d): the
+`ImplicitCore` (implicit_megatron.implicit.core) iterates the Backbone to a fixed point, or applies
+it once to z0 = x for the explicit baseline. The model only knows `core(x) -> z` and `core.backbone`;
+`implicit_megatron.build_model(cfg)` composes the two.
+
+Logits cover the padded vocabulary (padded_vocab_size columns, e.g. 50288 for 50277 tokens): the
+padding rows are ordinary embedding rows that no target ever uses, as in mamba_ssm and Megatron;
+samplers should mask ids >= `vocab_size`.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from implicit_megatron.config import ModelConfig
+from implicit_megatron.models.backbone import Backbone
+
+
+class LanguageModel(nn.Module):
+    def __init__(self, cfg: ModelConfig, core: nn.Module, device=None, dtype=None) -> None:
+        super().__init__()
+        self.config = cfg
+        self.vocab_size = cfg.vocab_size
+        self.padded_vocab_size = cfg.padded_vocab_size
+        self.embedding = nn.Embedding(cfg.padded_vocab_size, cfg.d_model, device=device, dtype=dtype)
+        self.core = core
+        self.lm_head = None
+        if not cfg.tie_embeddings:
+            self.lm_head = nn.Linear(cfg.d_model, cfg.padded_vocab_size, bias=False, device=device, dtype=dtype)
+        with torch.no_grad():  # the backbone initialised itself; the core's other modules are the core's
+            nn.init.normal_(self.embedding.weight, mean=0.0, std=cfg.init_std)
+            if self.lm_head is not None:
+                nn.init.normal_(self.lm_head.weight, mean=0.0, std=cfg.init_std)
+
+    @property
+    def backbone(self) -> Backbone:
+        """The core's backbone, for tools that need layer access."""
+        return self.core.backbone
+
+    @property
+    def head_weight(self) -> torch.Tensor:
+        return self.embedding.weight if self.lm_head is None else self.lm_head.weight
+
+    def logits(self, z: torch.Tensor) -> torch.Tensor:
+        """Final states (..., d) -> logits (..., padded_vocab_size)."""
+        return z @ self.head_weight.t()
+
+    def forward(self, input_ids: torch.Tensor, seq_idx: torch.Tensor | None = None) -> torch.Tensor:
+        """input_ids (B, T) -> logits (B, T, padded_vocab_size); seq_idx (B, T) separates packed documents."""
+        x = self.embedding(input_ids)
+        z = self.core(x) if seq_idx is None else self.core(x, seq_idx=seq_idx)
+        return self.logits(z)
+
+    def num_parameters(self, exclude_embedding: bool = False) -> int:
+        """Distinct parameters (a tied head counts once); without the embedding and untied head if asked."""
+        skip = set()
+        if exclude_embedding:
+            skip.add(id(self.embedding.weight))
+            if self.lm_head is not None:
+                skip.add(id(self.lm_head.weight))
+        seen = {id(p): p for p in self.parameters() if id(p) not in skip}
+        return sum(p.numel() for p in seen.values())
+
+
+def seq_idx_from_eod(input_ids: torch.Tensor, eod_id: int) -> torch.Tensor:
+    """(B, T) int32 document ids for packed samples: an EOD token belongs to the document it ends."""
+    is_eod = (input_ids == eod_id).to(torch.int32)
+    return (torch.cumsum(is_eod, dim=1) - is_eod).to(torch.int32)

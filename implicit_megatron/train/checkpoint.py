@@ -1,0 +1,138 @@
+"""DeepSpeed checkpoints with our client state, an atomic `latest`, and the last N kept.
+
+Layout: {output_dir}/checkpoints/{tag}/ (DeepSpeed's files + rng_rank{r}.pt) and
+{output_dir}/checkpoints/latest, a one-line file naming the newest *complete* tag. `latest` is
+replaced (write, fsync, rename) only after every rank has finished writing, so a kill while a
+checkpoint is being written leaves it on the previous complete one.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import re
+import shutil
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from implicit_megatron.config import Config
+
+LATEST = "latest"
+
+
+def checkpoint_dir(cfg: Config) -> Path:
+    return Path(cfg.output_dir) / "checkpoints"
+
+
+def read_latest(folder: Path) -> str | None:
+    path = folder / LATEST
+    return path.read_text().strip() if path.is_file() else None
+
+
+def _write_latest(folder: Path, tag: str) -> None:
+    tmp = folder / f".{LATEST}.tmp"
+    with open(tmp, "w") as handle:
+        handle.write(tag + "\n")
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(tmp, folder / LATEST)
+
+
+def data_signature(cfg: Config) -> dict:
+    """What fixes the order of samples: a resume that changes it would repeat or skip data."""
+    d = cfg.data
+    return {"prefixes": list(d.prefixes), "weights": d.weights, "seq_len": d.seq_len, "seed": d.seed,
+            "global_batch_size": cfg.train.global_batch_size, "steps": cfg.train.steps}
+
+
+def save(engine, cfg: Config, tag: str, client_state: dict) -> Path:
+    """Save on every rank; move `latest` once all ranks are done; prune beyond keep_last."""
+    folder = checkpoint_dir(cfg)
+    client_state = {**client_state, "config": cfg.to_dict(), "data_signature": data_signature(cfg)}
+    engine.save_checkpoint(str(folder), tag=tag, client_state=client_state, save_latest=False)
+    rank = dist.get_rank()
+    torch.save(_rng_state(), folder / tag / f"rng_rank{rank}.pt")
+    dist.barrier()
+    if rank == 0:
+        _write_latest(folder, tag)
+        _prune(folder, cfg.checkpoint.keep_last, keep={tag})
+    dist.barrier()
+    return folder / tag
+
+
+def load(engine, cfg: Config) -> dict | None:
+    """Resume from our own `latest`, else start from `checkpoint.load`; None when neither exists.
+
+    Returns the client state. A resume (same run) restores everything; a start from another
+    run's checkpoint (a phase handoff) restores what checkpoint.load_* ask for.
+    """
+    own = checkpoint_dir(cfg)
+    tag = read_latest(own)
+    resuming = tag is not None
+    folder = own
+    if not resuming and cfg.checkpoint.load:
+        folder = Path(cfg.checkpoint.load)
+        tag = read_latest(folder) if (folder / LATEST).is_file() else None
+        if tag is None and (folder.parent / LATEST).is_file():  # a tag folder was named directly
+            folder, tag = folder.parent, folder.name
+        if tag is None:
+            raise FileNotFoundError(f"checkpoint.load={cfg.checkpoint.load}: no '{LATEST}' file and not a tag "
+                                    "folder of a checkpoint directory")
+    if tag is None:
+        return None
+    c = cfg.checkpoint
+    load_optimizer = resuming or c.load_optimizer
+    _, client_state = engine.load_checkpoint(
+        str(folder), tag=tag, load_optimizer_states=load_optimizer, load_lr_scheduler_states=False,
+        load_module_only=not load_optimizer)
+    if client_state is None:
+        raise RuntimeError(f"{folder / tag}: DeepSpeed could not load this checkpoint")
+    if resuming or c.load_data_state:
+        _check_data_signature(cfg, client_state, folder / tag)
+    rng = folder / tag / f"rng_rank{dist.get_rank()}.pt"
+    if resuming and rng.is_file():
+        _set_rng_state(torch.load(rng, weights_only=False))
+    client_state["resumed"] = resuming
+    client_state["loaded_from"] = str(folder / tag)
+    return client_state
+
+
+def _check_data_signature(cfg: Config, client_state: dict, where: Path) -> None:
+    saved = client_state.get("data_signature", {})
+    now = data_signature(cfg)
+    changed = {k: (saved.get(k), v) for k, v in now.items() if saved.get(k) != v}
+    if changed and not cfg.checkpoint.allow_data_change:
+        detail = "; ".join(f"{k}: {a!r} -> {b!r}" for k, (a, b) in changed.items())
+        raise ValueError(f"{where}: resuming with a changed data order ({detail}) would repeat or skip samples; "
+                         "restore those settings or set checkpoint.allow_data_change=true")
+
+
+def _prune(folder: Path, keep_last: int, keep: set[str]) -> None:
+    tags = sorted((p for p in folder.iterdir() if p.is_dir() and _step_of(p.name) is not None),
+                  key=lambda p: _step_of(p.name))
+    for old in tags[:-keep_last] if keep_last > 0 else []:
+        if old.name not in keep:
+            shutil.rmtree(old, ignore_errors=True)
+
+
+def _step_of(tag: str) -> int | None:
+    match = re.search(r"step(\d+)", tag)
+    return int(match.group(1)) if match else None
+
+
+def _rng_state() -> dict:
+    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state()
+    return state
+
+
+def _set_rng_state(state: dict) -> None:
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state(state["cuda"])

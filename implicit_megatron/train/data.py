@@ -1,0 +1,29 @@
+"""The training and validation data of a run, from the config's shard prefixes."""
+
+from __future__ import annotations
+
+from data_pipeline.packed import DistributedBatchIterator, build_packed_dataset
+from implicit_megatron.config import Config
+
+QUICKSTART_SPLIT = 0.05  # valid and test fractions when a small bundled corpus is tokenized on first use
+
+
+def prepare_shards(cfg: Config) -> None:
+    """Tokenize `data.source` into the first prefix when its shards are missing (the quickstart)."""
+    if cfg.data.source is None:
+        return
+    from data_pipeline.build import ensure_shards
+
+    ensure_shards(cfg.data.source, cfg.data.prefixes[0], cfg.data.tokenizer, QUICKSTART_SPLIT, QUICKSTART_SPLIT)
+
+
+def train_batches(cfg: Config, dp_rank: int, dp_size: int, grad_accum: int) -> DistributedBatchIterator:
+    dataset = build_packed_dataset(cfg.data.prefixes, cfg.data.weights, "train", seq_len=cfg.data.seq_len,
+                                   seed=cfg.data.seed, num_samples=cfg.train.steps * cfg.train.global_batch_size)
+    return DistributedBatchIterator(dataset, cfg.train.micro_batch_size, dp_rank, dp_size, grad_accum)
+
+
+def valid_dataset(cfg: Config):
+    """One epoch of the validation split; every evaluation reads its first train.eval_iters batches."""
+    return build_packed_dataset(cfg.data.prefixes, cfg.data.weights, "valid", seq_len=cfg.data.seq_len,
+                                seed=cfg.data.seed, num_samples=None)

@@ -1,0 +1,41 @@
+"""FLOPs of a training step counted with the passes the solver actually made, and MFU.
+
+A pass without gradient costs a forward (2 FLOPs per weight per token); a phantom (or explicit)
+pass costs forward + backward (6). The head and embedding run once with gradient. Llama adds
+attention scores and values: 4 * T * d per layer per token forward (causal work not halved,
+as Megatron counts it).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from implicit_megatron.config import Config
+
+PEAK_BF16_TFLOPS = {"H200": 989.0, "H100": 989.0, "A100": 312.0, "MI300X": 1307.4, "MI325X": 1307.4,
+                    "MI250X": 383.0, "L40S": 362.0}
+
+
+def pass_flops_per_token(cfg: Config, backbone_params: int, seq_len: int) -> float:
+    """Forward FLOPs of one backbone pass, per token."""
+    attention = 4 * seq_len * cfg.model.d_model * cfg.model.n_layers if cfg.model.arch == "llama" else 0
+    return 2 * backbone_params + attention
+
+
+def step_flops(cfg: Config, backbone_params: int, tokens: int, seq_len: int, passes: int,
+               phantom_passes: int) -> float:
+    per_pass = pass_flops_per_token(cfg, backbone_params, seq_len)
+    head = 2 * cfg.model.d_model * cfg.model.padded_vocab_size
+    return tokens * (per_pass * passes + 3 * per_pass * phantom_passes + 3 * head)
+
+
+def peak_flops_per_device(cfg: Config) -> float | None:
+    if cfg.train.peak_tflops is not None:
+        return cfg.train.peak_tflops * 1e12
+    if not torch.cuda.is_available():
+        return None
+    name = torch.cuda.get_device_name().upper()
+    for key, tflops in PEAK_BF16_TFLOPS.items():
+        if key in name:
+            return tflops * 1e12
+    return None

@@ -1,0 +1,236 @@
+"""The training loop: phases, LR, micro-batches, validation, logging, checkpoints.
+
+    python -m implicit_megatron.train CONFIG [key=value ...]      (one process per rank)
+
+Everything a step needs to resume exactly (step, consumed samples, data position, RNG) travels in
+the checkpoint's client state; the LR is a function of the global step, so nothing else does.
+"""
+
+from __future__ import annotations
+
+import math
+import signal
+import time
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from data_pipeline.packed import DistributedBatchIterator
+from implicit_megatron.builder import build_model
+from implicit_megatron.config import Config, PhaseConfig, phase_bounds
+from implicit_megatron.train import checkpoint
+from implicit_megatron.train.data import prepare_shards, train_batches, valid_dataset
+from implicit_megatron.train.engine import build_engine, init_distributed
+from implicit_megatron.train.flops import peak_flops_per_device, step_flops
+from implicit_megatron.train.schedule import learning_rate
+from implicit_megatron.train.tracking import Tracker
+
+
+@dataclass
+class Progress:
+    step: int = 0
+    consumed_samples: int = 0
+    consumed_tokens: int = 0
+    phase: str | None = None
+    nonfinite_steps: int = 0
+
+
+def lm_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    return F.cross_entropy(logits.float().flatten(0, 1), labels.flatten())
+
+
+def mean_over_ranks(values: list[float]) -> list[float]:
+    t = torch.tensor(values, dtype=torch.float64)
+    dist.all_reduce(t)
+    return (t / dist.get_world_size()).tolist()
+
+
+class Trainer:
+    def __init__(self, cfg: Config):
+        self.cfg = cfg
+        init_distributed(cfg)
+        self.rank, self.world = dist.get_rank(), dist.get_world_size()
+        if self.rank == 0:
+            prepare_shards(cfg)
+        dist.barrier()
+        torch.manual_seed(cfg.train.seed)
+        self.model = build_model(cfg)
+        self.model.core.backbone.checkpoint_layers = cfg.distributed.activation_checkpointing
+        self.backbone_params = sum(p.numel() for p in self.model.core.backbone.parameters())
+        self.engine = build_engine(cfg, self.model)
+        self.accum = self.engine.gradient_accumulation_steps()
+        self.batches = train_batches(cfg, self.rank, self.world, self.accum)
+        self.valid = valid_dataset(cfg)
+        self.progress = Progress()
+        self.tracker = Tracker(cfg, active=self.rank == 0)
+        self.stop_requested = False
+        self.peak_flops = peak_flops_per_device(cfg)
+
+    # ---------------------------------------------------------------- set-up
+
+    def resume(self) -> None:
+        state = checkpoint.load(self.engine, self.cfg)
+        if state is None:
+            return
+        p = self.progress
+        if state["resumed"] or self.cfg.checkpoint.load_data_state:
+            p.step, p.consumed_samples = state["step"], state["consumed_samples"]
+            p.consumed_tokens = state["consumed_tokens"]
+            self.batches.load_state_dict(state["data"])
+        self.log(f"loaded {state['loaded_from']} at step {p.step} ({p.consumed_samples} samples)")
+
+    def steps_of_this_launch(self) -> tuple[int, int]:
+        if self.cfg.curriculum.run_phase is None:
+            return self.progress.step, self.cfg.train.steps
+        for phase, start, end in phase_bounds(self.cfg):
+            if phase.name == self.cfg.curriculum.run_phase:
+                if self.progress.step < start:
+                    raise ValueError(f"phase {phase.name!r} starts at step {start}, but this run is at step "
+                                     f"{self.progress.step}: run the earlier phases first")
+                return self.progress.step, end
+        raise AssertionError("validated config names an unknown phase")
+
+    def phase_at(self, step: int) -> PhaseConfig | None:
+        for phase, start, end in phase_bounds(self.cfg):
+            if start <= step < end:
+                return phase
+        return None
+
+    def apply_phase(self, step: int) -> None:
+        phase = self.phase_at(step)
+        if phase is None or phase.name == self.progress.phase:
+            return
+        self.engine.module.core.set_phase(max_iter=phase.max_iter, tol=phase.tol, phantom_steps=phase.phantom_steps)
+        self.progress.phase = phase.name
+        self.log(f"phase {phase.name}: ({phase.max_iter}+{phase.phantom_steps}), tol {phase.tol}")
+
+    # ---------------------------------------------------------------- loop
+
+    def fit(self) -> None:
+        signal.signal(signal.SIGTERM, self._on_sigterm)
+        self.resume()
+        start, end = self.steps_of_this_launch()
+        t = self.cfg.train
+        status = "FINISHED"
+        try:
+            for step in range(start, end):
+                self.apply_phase(step)
+                metrics = self.train_step(step)
+                p = self.progress
+                if p.step % t.log_interval == 0 or p.step == end:
+                    self.report(metrics)
+                if p.step % t.eval_interval == 0 or p.step == end:
+                    self.report(self.evaluate())
+                if self._agreed_stop() or p.step % self.cfg.checkpoint.interval == 0 or p.step == end:
+                    self.save()
+                if self.stop_requested:
+                    self.log(f"stopped by SIGTERM after step {p.step}; checkpoint saved")
+                    status = "KILLED"
+                    return
+        except BaseException:
+            status = "FAILED"
+            raise
+        finally:
+            self.tracker.finish(status)
+
+    def train_step(self, step: int) -> dict[str, float]:
+        lr = learning_rate(step, self.cfg)
+        for group in self.engine.optimizer.param_groups:
+            group["lr"] = lr
+        started = time.perf_counter()
+        losses, passes, phantom, residual, converged = [], 0, 0, [], []
+        for _ in range(self.accum):
+            batch = next(self.batches)
+            inputs, labels = batch[:, :-1].to(self.engine.device), batch[:, 1:].to(self.engine.device)
+            loss = lm_loss(self.engine(inputs), labels)
+            self.engine.backward(loss)
+            self.engine.step()
+            losses.append(loss.item())
+            stats = self.engine.module.core.last_stats
+            if stats is not None:
+                passes, phantom = passes + stats.passes, phantom + stats.phantom_passes
+                residual.append(stats.residual.max().item())
+                converged.append(stats.converged_frac)
+        seconds = time.perf_counter() - started
+        p = self.progress
+        p.step += 1
+        tokens = self.cfg.train.global_batch_size * self.cfg.data.seq_len
+        p.consumed_samples += self.cfg.train.global_batch_size
+        p.consumed_tokens += tokens
+        loss = sum(losses) / len(losses)
+        if not math.isfinite(loss):
+            p.nonfinite_steps += 1
+        metrics = {"train/loss": loss, "train/lr": lr, "train/tokens_per_s": tokens / seconds / self.world}
+        grad_norm = self.engine.get_global_grad_norm()
+        if grad_norm is not None:
+            metrics["train/grad_norm"] = float(grad_norm)
+        if residual:
+            metrics.update({"solver/iterations": passes / self.accum, "solver/residual": max(residual),
+                            "solver/converged_frac": sum(converged) / len(converged)})
+        metrics["train/tokens_per_s"] *= self.world  # the whole job's throughput
+        if self.peak_flops:
+            local = tokens / self.world
+            flops = step_flops(self.cfg, self.backbone_params, local, self.cfg.data.seq_len,
+                               max(passes, self.accum), phantom or self.accum)
+            metrics["train/mfu"] = flops / seconds / self.peak_flops
+        if torch.cuda.is_available():
+            metrics["memory/max_allocated_gib"] = torch.cuda.max_memory_allocated() / 2**30
+        return metrics
+
+    @torch.no_grad()
+    def evaluate(self) -> dict[str, float]:
+        self.engine.eval()
+        batches = DistributedBatchIterator(self.valid, self.cfg.train.micro_batch_size, self.rank, self.world)
+        total, count, passes = 0.0, 0, 0
+        for _ in range(min(self.cfg.train.eval_iters, len(batches))):
+            batch = next(batches).to(self.engine.device)
+            total += lm_loss(self.engine(batch[:, :-1]), batch[:, 1:]).item()
+            count += 1
+            stats = self.engine.module.core.last_stats
+            passes += stats.passes if stats is not None else 1
+        self.engine.train()
+        if count == 0:
+            return {}
+        loss, passes = mean_over_ranks([total / count, passes / count])
+        return {"val/loss": loss, "val/ppl": math.exp(min(loss, 50.0)), "val/solver_iterations": passes}
+
+    # ---------------------------------------------------------------- outputs
+
+    def report(self, metrics: dict[str, float]) -> None:
+        if not metrics:
+            return
+        keys = [k for k in ("train/loss", "train/grad_norm", "solver/iterations", "solver/residual",
+                            "solver/converged_frac", "val/loss", "val/solver_iterations") if k in metrics]
+        reduced = dict(zip(keys, mean_over_ranks([metrics[k] for k in keys])))
+        if "solver/residual" in metrics:  # the worst rank's residual, not the mean
+            worst = torch.tensor([metrics["solver/residual"]], dtype=torch.float64)
+            dist.all_reduce(worst, op=dist.ReduceOp.MAX)
+            reduced["solver/residual"] = worst.item()
+        metrics = {**metrics, **reduced}
+        self.tracker.log(metrics, self.progress.step)
+        shown = "  ".join(f"{k.split('/')[-1]} {v:.4g}" for k, v in metrics.items())
+        self.log(f"step {self.progress.step}/{self.cfg.train.steps}  {shown}")
+
+    def save(self) -> None:
+        p = self.progress
+        tag = f"{p.phase}-step{p.step}" if p.phase else f"step{p.step}"
+        client = {"step": p.step, "consumed_samples": p.consumed_samples, "consumed_tokens": p.consumed_tokens,
+                  "phase": p.phase, "data": self.batches.state_dict()}
+        path = checkpoint.save(self.engine, self.cfg, tag, client)
+        self.log(f"saved {path}")
+
+    def log(self, message: str) -> None:
+        if self.rank == 0:
+            print(f"[train] {message}", flush=True)
+
+    def _on_sigterm(self, signum, frame) -> None:
+        self.stop_requested = True
+
+    def _agreed_stop(self) -> bool:
+        """True on every rank when any rank was asked to stop (a checkpoint needs them all)."""
+        flag = torch.tensor([1.0 if self.stop_requested else 0.0])
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        self.stop_requested = bool(flag.item())
+        return self.stop_requested

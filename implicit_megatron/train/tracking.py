@@ -1,0 +1,82 @@
+"""MLflow tracking from rank 0: params (the resolved config), the config file, metrics.
+
+By default the store is a local sqlite database in train.output_dir (no server needed; works
+offline); `tracking.uri` may name a server. The run id is kept in the output folder so that a
+resumed run continues the same MLflow run.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import yaml
+
+from implicit_megatron.config import Config
+
+RUN_ID_FILE = "mlflow_run_id"
+
+
+def flatten(data: dict, prefix: str = "") -> dict[str, str]:
+    out = {}
+    for key, value in data.items():
+        if isinstance(value, dict):
+            out.update(flatten(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = str(value)[:6000]
+    return out
+
+
+class Tracker:
+    """Does nothing on ranks other than 0 or when tracking is disabled."""
+
+    def __init__(self, cfg: Config, active: bool):
+        self.run_id = None
+        if not (active and cfg.tracking.enabled):
+            return
+        os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+        os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
+        from mlflow import MlflowClient
+
+        out = Path(cfg.output_dir).resolve()
+        out.mkdir(parents=True, exist_ok=True)
+        uri = cfg.tracking.uri or f"sqlite:///{out / 'mlflow.db'}"
+        self.client = MlflowClient(tracking_uri=uri)
+        experiment = self.client.get_experiment_by_name(cfg.tracking.experiment)
+        if experiment is None:
+            experiment_id = self.client.create_experiment(
+                cfg.tracking.experiment, artifact_location=(out / "mlflow-artifacts").as_uri())
+        else:
+            experiment_id = experiment.experiment_id
+        id_file = out / RUN_ID_FILE
+        if id_file.is_file():
+            self.run_id = id_file.read_text().strip()
+            self.client.update_run(self.run_id, status="RUNNING")
+            return
+        run = self.client.create_run(experiment_id, run_name=cfg.name)
+        self.run_id = run.info.run_id
+        self._log_config(cfg, out)
+        id_file.write_text(self.run_id + "\n")
+
+    def _log_config(self, cfg: Config, out: Path) -> None:
+        from mlflow.entities import Param
+
+        params = [Param(k, v) for k, v in flatten(cfg.to_dict()).items()]
+        for i in range(0, len(params), 100):
+            self.client.log_batch(self.run_id, params=params[i:i + 100])
+        path = out / "config.yaml"
+        path.write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
+        self.client.log_artifact(self.run_id, str(path))
+
+    def log(self, metrics: dict[str, float], step: int) -> None:
+        if self.run_id is None:
+            return
+        from mlflow.entities import Metric
+
+        now = int(time.time() * 1000)
+        self.client.log_batch(self.run_id, metrics=[Metric(k, float(v), now, step) for k, v in metrics.items()])
+
+    def finish(self, status: str = "FINISHED") -> None:
+        if self.run_id is not None:
+            self.client.set_terminated(self.run_id, status=status)
