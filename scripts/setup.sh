@@ -11,8 +11,14 @@ py="${PYTHON:-python3}"
 venv=".venv"
 stamp="$venv/.installed-${extras:-base}"
 
-if [ -f "$stamp" ] && [ "$stamp" -nt pyproject.toml ]; then
+up_to_date() { [ -f "$1" ] && [ "$1" -nt pyproject.toml ]; }
+if up_to_date "$stamp"; then
   exit 0
+fi
+if [ -z "$extras" ]; then  # any earlier install (with extras) holds the base dependencies
+  for other in "$venv"/.installed-*; do
+    if up_to_date "$other"; then exit 0; fi
+  done
 fi
 
 if [ ! -x "$venv/bin/python" ]; then

@@ -21,6 +21,7 @@ import torch.distributed as dist
 from implicit_megatron.config import Config
 
 LATEST = "latest"
+CRASH_BEFORE_LATEST = "IMPLICIT_MEGATRON_CRASH_BEFORE_LATEST"  # a tag: exit after writing it, before `latest`
 
 
 def checkpoint_dir(cfg: Config) -> Path:
@@ -56,6 +57,8 @@ def save(engine, cfg: Config, tag: str, client_state: dict) -> Path:
     rank = dist.get_rank()
     torch.save(_rng_state(), folder / tag / f"rng_rank{rank}.pt")
     dist.barrier()
+    if os.environ.get(CRASH_BEFORE_LATEST) == tag:  # fault injection for the tests: die as a kill would
+        os._exit(137)
     if rank == 0:
         _write_latest(folder, tag)
         _prune(folder, cfg.checkpoint.keep_last, keep={tag})

@@ -8,10 +8,12 @@ the checkpoint's client state; the LR is a function of the global step, so nothi
 
 from __future__ import annotations
 
+import json
 import math
 import signal
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -123,7 +125,8 @@ class Trainer:
                     self.report(metrics)
                 if p.step % t.eval_interval == 0 or p.step == end:
                     self.report(self.evaluate())
-                if self._agreed_stop() or p.step % self.cfg.checkpoint.interval == 0 or p.step == end:
+                phase_ends = self.phase_at(p.step) is not self.phase_at(p.step - 1)
+                if self._agreed_stop() or p.step % self.cfg.checkpoint.interval == 0 or p.step == end or phase_ends:
                     self.save()
                 if self.stop_requested:
                     self.log(f"stopped by SIGTERM after step {p.step}; checkpoint saved")
@@ -140,12 +143,15 @@ class Trainer:
         for group in self.engine.optimizer.param_groups:
             group["lr"] = lr
         started = time.perf_counter()
+        grad_norm = None
         losses, passes, phantom, residual, converged = [], 0, 0, [], []
         for _ in range(self.accum):
             batch = next(self.batches)
             inputs, labels = batch[:, :-1].to(self.engine.device), batch[:, 1:].to(self.engine.device)
             loss = lm_loss(self.engine(inputs), labels)
             self.engine.backward(loss)
+            if self.engine.is_gradient_accumulation_boundary():
+                grad_norm = self._grad_norm()
             self.engine.step()
             losses.append(loss.item())
             stats = self.engine.module.core.last_stats
@@ -162,14 +168,14 @@ class Trainer:
         loss = sum(losses) / len(losses)
         if not math.isfinite(loss):
             p.nonfinite_steps += 1
-        metrics = {"train/loss": loss, "train/lr": lr, "train/tokens_per_s": tokens / seconds / self.world}
-        grad_norm = self.engine.get_global_grad_norm()
+        metrics = {"train/loss": loss, "train/lr": lr, "train/tokens_per_s": tokens / seconds,
+                   "train/consumed_samples": p.consumed_samples}
+        grad_norm = self.engine.get_global_grad_norm() if grad_norm is None else grad_norm
         if grad_norm is not None:
             metrics["train/grad_norm"] = float(grad_norm)
         if residual:
             metrics.update({"solver/iterations": passes / self.accum, "solver/residual": max(residual),
                             "solver/converged_frac": sum(converged) / len(converged)})
-        metrics["train/tokens_per_s"] *= self.world  # the whole job's throughput
         if self.peak_flops:
             local = tokens / self.world
             flops = step_flops(self.cfg, self.backbone_params, local, self.cfg.data.seq_len,
@@ -210,6 +216,9 @@ class Trainer:
             reduced["solver/residual"] = worst.item()
         metrics = {**metrics, **reduced}
         self.tracker.log(metrics, self.progress.step)
+        if self.rank == 0:  # a plain record next to the checkpoints, for scripts and tests
+            with open(Path(self.cfg.output_dir) / "metrics.jsonl", "a") as handle:
+                handle.write(json.dumps({"step": self.progress.step, **metrics}) + "\n")
         shown = "  ".join(f"{k.split('/')[-1]} {v:.4g}" for k, v in metrics.items())
         self.log(f"step {self.progress.step}/{self.cfg.train.steps}  {shown}")
 
@@ -224,6 +233,14 @@ class Trainer:
     def log(self, message: str) -> None:
         if self.rank == 0:
             print(f"[train] {message}", flush=True)
+
+    def _grad_norm(self) -> float | None:
+        """The global gradient norm before clipping where DeepSpeed does not report it (ZeRO-0:
+        gradients are whole and already averaged over ranks at the accumulation boundary)."""
+        if self.cfg.distributed.zero_stage != 0:
+            return None
+        grads = [p.grad for p in self.engine.module.parameters() if p.grad is not None]
+        return torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g.float()) for g in grads])).item()
 
     def _on_sigterm(self, signum, frame) -> None:
         self.stop_requested = True

@@ -1,0 +1,122 @@
+"""Training on DeepSpeed with 2 CPU processes (gloo): every ZeRO stage learns; runs resume exactly."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from support.processes import ROOT, child_env, free_port, kill_tree, run_torchrun, torchrun_command
+
+TINY = "configs/tiny/mamba2-implicit.yaml"
+
+
+def overrides(shards: str, out: Path, *extra: str) -> list[str]:
+    return [f"data.prefixes=[{shards}]", "data.source=null", f"train.output_dir={out}", "train.log_interval=1",
+            *extra]
+
+
+def records(out: Path) -> dict[int, dict]:
+    """step -> the last train record logged for it (a resumed run re-logs the steps it repeats)."""
+    result = {}
+    for line in (out / "metrics.jsonl").read_text().splitlines():
+        row = json.loads(line)
+        if "train/loss" in row:
+            result[row["step"]] = row
+    return result
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize("stage", [0, 1, 2, 3])
+def test_every_zero_stage_learns(stage, shakespeare_shards, tmp_path):
+    args = overrides(shakespeare_shards, tmp_path, "train.steps=30", f"distributed.zero_stage={stage}",
+                     "train.eval_interval=30", "tracking.enabled=false")
+    result = run_torchrun("-m", "implicit_megatron.train", TINY, *args)
+    assert result.returncode == 0, result.stdout[-5000:]
+    losses = [r["train/loss"] for _, r in sorted(records(tmp_path).items())]
+    assert len(losses) == 30
+    assert sum(losses[-5:]) / 5 < sum(losses[:5]) / 5 - 1.0, losses
+    assert records(tmp_path)[30]["train/consumed_samples"] == 30 * 8
+    assert (tmp_path / "checkpoints" / "latest").read_text().strip() == "free-step30"
+
+
+def kill_after_checkpoint(args: list[str], out: Path, tag: str, timeout: float = 240) -> None:
+    """Start a run and SIGKILL its whole process group as soon as `latest` names `tag`."""
+    proc = subprocess.Popen(torchrun_command("-m", "implicit_megatron.train", TINY, *args), cwd=ROOT,
+                            env=child_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    latest = out / "checkpoints" / "latest"
+    deadline = time.time() + timeout
+    try:
+        while not (latest.is_file() and latest.read_text().strip() == tag):
+            assert proc.poll() is None, "the run ended before it was killed"
+            assert time.time() < deadline, "no checkpoint in time"
+            time.sleep(0.05)
+    finally:
+        kill_tree(proc.pid)
+        proc.wait()
+
+
+@pytest.mark.distributed
+def test_killed_runs_resume_exactly(shakespeare_shards, tmp_path):
+    common = ["train.steps=12", "checkpoint.interval=6", "checkpoint.keep_last=5", "train.eval_interval=100"]
+    straight, interrupted = tmp_path / "straight", tmp_path / "interrupted"
+    result = run_torchrun("-m", "implicit_megatron.train", TINY, *overrides(shakespeare_shards, straight, *common))
+    assert result.returncode == 0, result.stdout[-5000:]
+
+    args = overrides(shakespeare_shards, interrupted, *common)
+    kill_after_checkpoint(args, interrupted, "bounded-step6")  # kill -9 in the middle of training
+    # Resume, and die again while the final checkpoint is written: `latest` must stay on the previous
+    # complete checkpoint, the one that ended the bounded phase at step 10.
+    crashed = run_torchrun("-m", "implicit_megatron.train", TINY, *args,
+                           IMPLICIT_MEGATRON_CRASH_BEFORE_LATEST="free-step12")
+    assert crashed.returncode != 0
+    assert (interrupted / "checkpoints" / "free-step12").is_dir()
+    assert (interrupted / "checkpoints" / "latest").read_text().strip() == "bounded-step10"
+    resumed = run_torchrun("-m", "implicit_megatron.train", TINY, *args)
+    assert resumed.returncode == 0, resumed.stdout[-5000:]
+    assert "at step 10 (80 samples)" in resumed.stdout
+
+    a, b = records(straight), records(interrupted)
+    assert sorted(a) == sorted(b) == list(range(1, 13))
+    for step in range(1, 13):
+        assert abs(a[step]["train/loss"] - b[step]["train/loss"]) <= 1e-6, (step, a[step], b[step])
+        assert a[step]["train/consumed_samples"] == b[step]["train/consumed_samples"] == step * 8
+    assert (interrupted / "checkpoints" / "latest").read_text().strip() == "free-step12"
+
+    from mlflow import MlflowClient
+
+    client = MlflowClient(tracking_uri=f"sqlite:///{interrupted / 'mlflow.db'}")
+    (run,) = client.search_runs([client.get_experiment_by_name("implicit-megatron").experiment_id])
+    assert run.data.params["model.arch"] == "mamba2" and run.data.params["implicit.enabled"] == "True"
+    history = client.get_metric_history(run.info.run_id, "train/loss")
+    assert {m.step for m in history} == set(range(1, 13))  # one run, continued across the resumes
+    for name in ("train/lr", "train/grad_norm", "train/tokens_per_s", "solver/iterations", "solver/residual",
+                 "solver/converged_frac", "val/loss", "val/ppl"):
+        assert client.get_metric_history(run.info.run_id, name), name
+    assert "config.yaml" in [f.path for f in client.list_artifacts(run.info.run_id)]
+    assert run.info.status == "FINISHED" or client.get_run(run.info.run_id).info.status == "FINISHED"
+
+
+@pytest.mark.distributed
+def test_sigterm_saves_a_checkpoint_and_exits_cleanly(shakespeare_shards, tmp_path):
+    args = overrides(shakespeare_shards, tmp_path, "train.steps=200", "checkpoint.interval=1000",
+                     "train.eval_interval=1000", "tracking.enabled=false")
+    env = child_env(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
+                    MASTER_PORT=str(free_port()))
+    proc = subprocess.Popen([sys.executable, "-m", "implicit_megatron.train", TINY, *args], cwd=ROOT, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    metrics = tmp_path / "metrics.jsonl"
+    deadline = time.time() + 120
+    while not (metrics.is_file() and metrics.read_text().count("\n") >= 2):
+        assert proc.poll() is None and time.time() < deadline
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 0, out[-3000:]
+    last = max(records(tmp_path))
+    assert last < 200
+    assert (tmp_path / "checkpoints" / "latest").read_text().strip() == f"bounded-step{last}"

@@ -1,0 +1,58 @@
+"""Starting processes for the multi-process tests: torchrun on gloo, in their own process group."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def kill_tree(pid: int) -> None:
+    """SIGKILL a process and all its descendants (torchrun starts workers in sessions of their own)."""
+    import psutil
+
+    try:
+        parent = psutil.Process(pid)
+    except psutil.NoSuchProcess:
+        return
+    for proc in [*parent.children(recursive=True), parent]:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            proc.kill()
+
+
+def torchrun_command(*args: str, nproc: int = 2) -> list[str]:
+    """`args` is a script path or `-m module`, then its arguments."""
+    return [sys.executable, "-m", "torch.distributed.run", "--nnodes=1", f"--nproc_per_node={nproc}",
+            "--master_addr=127.0.0.1", f"--master_port={free_port()}", *map(str, args)]
+
+
+def child_env(**extra: str) -> dict[str, str]:
+    return {**os.environ, "OMP_NUM_THREADS": "1", "MLFLOW_DISABLE_TELEMETRY": "true", "CUDA_VISIBLE_DEVICES": "",
+            **extra}
+
+
+def run_torchrun(*args: str, nproc: int = 2, timeout: int = 300, **env: str) -> subprocess.CompletedProcess:
+    """Run on `nproc` CPU processes (gloo); the whole process group is killed on timeout."""
+    cmd = torchrun_command(*args, nproc=nproc)
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=child_env(**env), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, start_new_session=True)
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        kill_tree(proc.pid)
+        out, _ = proc.communicate()
+        pytest.fail(f"{' '.join(cmd)} timed out after {timeout} s:\n{out[-4000:]}")
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, "")
