@@ -68,6 +68,7 @@ class Trainer:
         self.progress = Progress()
         self.tracker = Tracker(cfg, active=self.rank == 0)
         self.stop_requested = False
+        self.last_eval: dict[str, float] = {}
         self.peak_flops = peak_flops_per_device(cfg)
 
     # ---------------------------------------------------------------- set-up
@@ -132,6 +133,7 @@ class Trainer:
                     self.log(f"stopped by SIGTERM after step {p.step}; checkpoint saved")
                     status = "KILLED"
                     return
+            self.summary()
         except BaseException:
             status = "FAILED"
             raise
@@ -200,9 +202,17 @@ class Trainer:
         if count == 0:
             return {}
         loss, passes = mean_over_ranks([total / count, passes / count])
-        return {"val/loss": loss, "val/ppl": math.exp(min(loss, 50.0)), "val/solver_iterations": passes}
+        self.last_eval = {"val/loss": loss, "val/ppl": math.exp(min(loss, 50.0)), "val/solver_iterations": passes}
+        return self.last_eval
 
     # ---------------------------------------------------------------- outputs
+
+    def summary(self) -> None:
+        ev = self.last_eval
+        if ev:
+            self.log(f"done at step {self.progress.step}: validation perplexity {ev['val/ppl']:.2f} "
+                     f"(loss {ev['val/loss']:.4f}), {ev['val/solver_iterations']:.1f} solver passes per forward; "
+                     f"checkpoints in {checkpoint.checkpoint_dir(self.cfg)}")
 
     def report(self, metrics: dict[str, float]) -> None:
         if not metrics:

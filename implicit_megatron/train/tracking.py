@@ -41,12 +41,13 @@ class Tracker:
 
         out = Path(cfg.output_dir).resolve()
         out.mkdir(parents=True, exist_ok=True)
-        uri = cfg.tracking.uri or f"sqlite:///{out / 'mlflow.db'}"
+        local = cfg.tracking.uri is None
+        uri = f"sqlite:///{out / 'mlflow.db'}" if local else cfg.tracking.uri
         self.client = MlflowClient(tracking_uri=uri)
         experiment = self.client.get_experiment_by_name(cfg.tracking.experiment)
-        if experiment is None:
-            experiment_id = self.client.create_experiment(
-                cfg.tracking.experiment, artifact_location=(out / "mlflow-artifacts").as_uri())
+        if experiment is None:  # a server keeps artifacts where it is configured to; a local store beside it
+            location = (out / "mlflow-artifacts").as_uri() if local else None
+            experiment_id = self.client.create_experiment(cfg.tracking.experiment, artifact_location=location)
         else:
             experiment_id = experiment.experiment_id
         id_file = out / RUN_ID_FILE
