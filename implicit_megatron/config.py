@@ -46,7 +46,6 @@ class Mamba2Settings:
     dt_max: float = 0.1
     dt_init_floor: float = 1e-4
     A_init_range: tuple[float, float] = (1.0, 16.0)
-    use_seq_idx: bool = False  # True: packed documents do not share SSM/conv state (paper: off)
 
 
 @dataclass
@@ -70,6 +69,7 @@ class ModelConfig:
     init_std: float = 0.02
     tie_embeddings: bool = True
     use_kernels: bool = True  # fused mamba_ssm / causal_conv1d / flash-attn when importable and on GPU
+    separate_documents: bool = False  # packed documents share no state or attention (paper: off)
     mamba2: Mamba2Settings = field(default_factory=Mamba2Settings)
     llama: LlamaSettings = field(default_factory=LlamaSettings)
 

@@ -18,10 +18,13 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+import yaml
 
 from data_pipeline.packed import DistributedBatchIterator
+from data_pipeline.tokenizer import load_tokenizer
 from implicit_megatron.builder import build_model
 from implicit_megatron.config import Config, PhaseConfig, phase_bounds
+from implicit_megatron.models.lm import seq_idx_from_eod
 from implicit_megatron.train import checkpoint
 from implicit_megatron.train.data import prepare_shards, train_batches, valid_dataset
 from implicit_megatron.train.engine import build_engine, init_distributed
@@ -55,6 +58,9 @@ class Trainer:
         init_distributed(cfg)
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
         if self.rank == 0:
+            out = Path(cfg.output_dir)
+            out.mkdir(parents=True, exist_ok=True)
+            (out / "config.yaml").write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
             prepare_shards(cfg)
         dist.barrier()
         torch.manual_seed(cfg.train.seed)
@@ -70,6 +76,7 @@ class Trainer:
         self.stop_requested = False
         self.last_eval: dict[str, float] = {}
         self.peak_flops = peak_flops_per_device(cfg)
+        self.eod_id = load_tokenizer(cfg.data.tokenizer).eod_id if cfg.model.separate_documents else None
 
     # ---------------------------------------------------------------- set-up
 
@@ -150,7 +157,7 @@ class Trainer:
         for _ in range(self.accum):
             batch = next(self.batches)
             inputs, labels = batch[:, :-1].to(self.engine.device), batch[:, 1:].to(self.engine.device)
-            loss = lm_loss(self.engine(inputs), labels)
+            loss = lm_loss(self.forward(inputs), labels)
             self.engine.backward(loss)
             if self.engine.is_gradient_accumulation_boundary():
                 grad_norm = self._grad_norm()
@@ -187,6 +194,11 @@ class Trainer:
             metrics["memory/max_allocated_gib"] = torch.cuda.max_memory_allocated() / 2**30
         return metrics
 
+    def forward(self, inputs: torch.Tensor) -> torch.Tensor:
+        if self.eod_id is None:
+            return self.engine(inputs)
+        return self.engine(inputs, seq_idx=seq_idx_from_eod(inputs, self.eod_id))
+
     @torch.no_grad()
     def evaluate(self) -> dict[str, float]:
         self.engine.eval()
@@ -194,7 +206,7 @@ class Trainer:
         total, count, passes = 0.0, 0, 0
         for _ in range(min(self.cfg.train.eval_iters, len(batches))):
             batch = next(batches).to(self.engine.device)
-            total += lm_loss(self.engine(batch[:, :-1]), batch[:, 1:]).item()
+            total += lm_loss(self.forward(batch[:, :-1]), batch[:, 1:]).item()
             count += 1
             stats = self.engine.module.core.last_stats
             passes += stats.passes if stats is not None else 1

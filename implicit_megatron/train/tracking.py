@@ -11,8 +11,6 @@ import os
 import time
 from pathlib import Path
 
-import yaml
-
 from implicit_megatron.config import Config
 
 RUN_ID_FILE = "mlflow_run_id"
@@ -66,9 +64,7 @@ class Tracker:
         params = [Param(k, v) for k, v in flatten(cfg.to_dict()).items()]
         for i in range(0, len(params), 100):
             self.client.log_batch(self.run_id, params=params[i:i + 100])
-        path = out / "config.yaml"
-        path.write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
-        self.client.log_artifact(self.run_id, str(path))
+        self.client.log_artifact(self.run_id, str(out / "config.yaml"))  # written by the trainer
 
     def log(self, metrics: dict[str, float], step: int) -> None:
         if self.run_id is None:

@@ -93,3 +93,13 @@ def test_memory_is_flat_in_solver_passes_and_grows_with_phantom_steps(arch, make
         assert model.core.last_stats.passes == s
     assert by_setting[(4, 4)] == by_setting[(24, 4)]
     assert by_setting[(4, 1)] < by_setting[(4, 2)] < by_setting[(4, 4)]
+
+
+def test_phantom_steps_under_activation_checkpointing(arch, make_model):
+    model = make_model(arch).train()
+    ids = torch.randint(0, 101, (2, 16))
+    model.core.settings = SolverSettings(max_iter=3, phantom_steps=2)
+    plain = gradients(model, ids)
+    model.core.backbone.checkpoint_layers = True
+    checkpointed = gradients(model, ids)
+    assert ((plain - checkpointed).norm() / plain.norm()).item() < 1e-12
