@@ -39,7 +39,7 @@ class Progress:
     consumed_samples: int = 0
     consumed_tokens: int = 0
     phase: str | None = None
-    nonfinite_steps: int = 0
+    nonfinite_steps: int = 0  # in a row; DeepSpeed discards their update under bf16/fp16
 
 
 def lm_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
@@ -88,7 +88,10 @@ class Trainer:
         if state["resumed"] or self.cfg.checkpoint.load_data_state:
             p.step, p.consumed_samples = state["step"], state["consumed_samples"]
             p.consumed_tokens = state["consumed_tokens"]
-            self.batches.load_state_dict(state["data"])
+            data_state = state["data"]
+            if self.cfg.checkpoint.allow_data_change:  # keep the position only; the index was rebuilt
+                data_state = {"consumed_samples": data_state["consumed_samples"]}
+            self.batches.load_state_dict(data_state)
         self.log(f"loaded {state['loaded_from']} at step {p.step} ({p.consumed_samples} samples)")
 
     def steps_of_this_launch(self) -> tuple[int, int]:
@@ -129,6 +132,13 @@ class Trainer:
                 self.apply_phase(step)
                 metrics = self.train_step(step)
                 p = self.progress
+                if p.nonfinite_steps:
+                    self.log(f"step {p.step}: non-finite loss ({p.nonfinite_steps} in a row)")
+                    self.tracker.log({"train/nonfinite_steps": p.nonfinite_steps}, p.step)
+                    if p.nonfinite_steps >= t.max_nonfinite_in_row:
+                        raise RuntimeError(f"{p.nonfinite_steps} non-finite losses in a row "
+                                           "(train.max_nonfinite_in_row); the last checkpoint before them is intact")
+                    continue  # no evaluation and, above all, no checkpoint of a diverged state
                 if p.step % t.log_interval == 0 or p.step == end:
                     self.report(metrics)
                 if p.step % t.eval_interval == 0 or p.step == end:
@@ -175,8 +185,9 @@ class Trainer:
         p.consumed_samples += self.cfg.train.global_batch_size
         p.consumed_tokens += tokens
         loss = sum(losses) / len(losses)
-        if not math.isfinite(loss):
-            p.nonfinite_steps += 1
+        finite = torch.tensor([1.0 if math.isfinite(loss) else 0.0])
+        dist.all_reduce(finite, op=dist.ReduceOp.MIN)
+        p.nonfinite_steps = 0 if finite.item() else p.nonfinite_steps + 1
         metrics = {"train/loss": loss, "train/lr": lr, "train/tokens_per_s": tokens / seconds,
                    "train/consumed_samples": p.consumed_samples}
         grad_norm = self.engine.get_global_grad_norm() if grad_norm is None else grad_norm

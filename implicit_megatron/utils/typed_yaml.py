@@ -17,6 +17,7 @@ from typing import Any, Literal, Union
 import yaml
 
 BASE_KEY = "base"
+_YAML12_FLOAT = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+")
 COMMAND_LINE = "command line"
 
 
@@ -175,6 +176,8 @@ def coerce(tp: Any, value: Any, sources: dict[str, str], dotted: str) -> Any:
             return value
     elif tp is float:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        if isinstance(value, str) and _YAML12_FLOAT.fullmatch(value):  # 1e-4: a float in YAML 1.2, not in 1.1
             return float(value)
     elif tp is str:
         if isinstance(value, str):

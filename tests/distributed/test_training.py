@@ -120,3 +120,29 @@ def test_sigterm_saves_a_checkpoint_and_exits_cleanly(shakespeare_shards, tmp_pa
     last = max(records(tmp_path))
     assert last < 200
     assert (tmp_path / "checkpoints" / "latest").read_text().strip() == f"bounded-step{last}"
+
+
+@pytest.mark.distributed
+def test_nonfinite_losses_stop_the_run_and_keep_the_last_good_checkpoint(shakespeare_shards, tmp_path):
+    args = overrides(shakespeare_shards, tmp_path, "train.steps=30", "tracking.enabled=false", "optimizer.lr=1e6",
+                     "schedule.warmup_steps=1", "schedule.min_lr=0", "optimizer.grad_clip=0",
+                     "checkpoint.interval=1", "train.max_nonfinite_in_row=2")
+    result = run_torchrun("-m", "implicit_megatron.train", "configs/tiny/mamba2-explicit.yaml", *args)
+    assert result.returncode != 0
+    assert "2 non-finite losses in a row" in result.stdout
+    rows = records(tmp_path)
+    last_good = max(step for step, row in rows.items() if row["train/loss"] == row["train/loss"])  # not NaN
+    assert (tmp_path / "checkpoints" / "latest").read_text().strip() == f"step{last_good}"
+
+
+@pytest.mark.distributed
+def test_resume_with_another_data_order_is_refused(shakespeare_shards, tmp_path):
+    args = overrides(shakespeare_shards, tmp_path, "train.steps=6", "tracking.enabled=false",
+                     "train.eval_interval=100")
+    assert run_torchrun("-m", "implicit_megatron.train", TINY, *args, nproc=1).returncode == 0
+    refused = run_torchrun("-m", "implicit_megatron.train", TINY, *args, "data.seq_len=32", "train.steps=8", nproc=1)
+    assert refused.returncode != 0
+    assert "changed data order" in refused.stdout and "seq_len: 64 -> 32" in refused.stdout
+    forced = run_torchrun("-m", "implicit_megatron.train", TINY, *args, "train.steps=8",
+                          "checkpoint.allow_data_change=true", nproc=1)
+    assert forced.returncode == 0, forced.stdout[-3000:]

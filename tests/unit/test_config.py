@@ -69,6 +69,8 @@ def test_bool_is_not_an_int_and_int_is_a_float():
     assert error_of(CONFIGS / "quickstart.yaml", ["train.steps=true"]).key == "train.steps"
     cfg = load_config(CONFIGS / "quickstart.yaml", ["optimizer.lr=1"])
     assert cfg.optimizer.lr == 1.0 and isinstance(cfg.optimizer.lr, float)
+    assert load_config(CONFIGS / "quickstart.yaml", ["optimizer.lr=3e-4"]).optimizer.lr == 3e-4  # YAML 1.2 style
+    assert error_of(CONFIGS / "quickstart.yaml", ["optimizer.lr=fast"]).key == "optimizer.lr"
 
 
 def test_batch_not_divisible_by_micro_batch_times_data_parallel():

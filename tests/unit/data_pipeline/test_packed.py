@@ -1,0 +1,173 @@
+"""Packed samples: exact one-epoch coverage across data-parallel ranks, resumption, blending."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import numpy as np
+import pytest
+
+from data_pipeline.indexed import megatron_indexed
+from data_pipeline.packed import DistributedBatchIterator, build_packed_dataset
+
+SEQ = 16
+
+
+def write_unique_token_shard(prefix: str, lengths: list[int], start: int = 0) -> list[range]:
+    """A shard whose every token is distinct (token = its position + start): samples can be traced."""
+    _, builder_cls = megatron_indexed()
+    builder = builder_cls(prefix + ".bin", dtype=np.uint16)
+    documents = []
+    for length in lengths:
+        document = range(start, start + length)
+        builder.add_document(np.array(document), [length])
+        documents.append(document)
+        start += length
+    builder.finalize(prefix + ".idx")
+    return documents
+
+
+def document_lengths_summing_to(total: int, seed: int = 0) -> list[int]:
+    rng = np.random.default_rng(seed)
+    lengths = []
+    while sum(lengths) < total:
+        lengths.append(int(rng.integers(1, 60)))
+    lengths[-1] -= sum(lengths) - total
+    return [n for n in lengths if n > 0]
+
+
+class RecordingSamples:
+    """A dataset that remembers which samples were read."""
+
+    def __init__(self, dataset) -> None:
+        self.dataset, self.read = dataset, []
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, index: int) -> np.ndarray:
+        self.read.append(index)
+        return self.dataset[index]
+
+
+def test_one_epoch_across_ranks_covers_every_token_once(tmp_path):
+    """Cover, precisely: with n = (T - 1) // SEQ samples per epoch, the samples' inputs (first SEQ
+    tokens) are n * SEQ distinct tokens; chained by their one-token overlap (a sample's last token
+    is the next one's first) they form one stream of n * SEQ + 1 tokens made of whole documents in
+    some order, then the head of one more; the tokens left out are exactly the epoch's last
+    T - n * SEQ - 1 tokens, which Megatron drops."""
+    tail = 7
+    total = 64 * SEQ + 1 + tail
+    documents = write_unique_token_shard(str(tmp_path / "toy_train"), document_lengths_summing_to(total))
+    dataset = build_packed_dataset([str(tmp_path / "toy")], None, "train", SEQ, seed=5)
+    assert len(dataset) == (total - 1) // SEQ == 64
+
+    micro, dp, accum = 2, 2, 2
+    samples = []
+    for rank in range(dp):
+        samples.extend(b.numpy() for batch in DistributedBatchIterator(dataset, micro, rank, dp, accum)
+                       for b in batch)
+    assert len(samples) == len(dataset)
+    inputs = np.concatenate([s[:SEQ] for s in samples])
+    assert len(set(inputs.tolist())) == len(inputs) == 64 * SEQ
+
+    by_first = {int(s[0]): s for s in samples}
+    lasts = {int(s[-1]) for s in samples}
+    (head,) = [s for s in samples if int(s[0]) not in lasts]  # the epoch's first sample
+    stream = list(head)
+    while stream[-1] in by_first:
+        stream.extend(by_first[stream[-1]][1:].tolist())
+    assert len(stream) == 64 * SEQ + 1  # one chain through every sample
+
+    start_of = {d.start: d for d in documents}
+    position, order = 0, []
+    while position < len(stream):
+        document = start_of[stream[position]]  # every piece starts a document...
+        piece = stream[position:position + len(document)]
+        assert piece == list(document)[:len(piece)]  # ...and runs through it in order
+        order.append(document)
+        position += len(piece)
+    assert len(set(order)) == len(order)
+    left_out = set(range(total)) - set(stream)
+    partial = order[-1]
+    expected_left = set(partial[len(stream) - sum(len(d) for d in order[:-1]):])
+    expected_left |= {t for d in documents if d not in order for t in d}
+    assert left_out == expected_left and len(left_out) == tail
+
+
+def test_each_rank_reads_only_its_slice_of_every_global_batch(tmp_path):
+    write_unique_token_shard(str(tmp_path / "toy_train"), document_lengths_summing_to(3000))
+    dataset = build_packed_dataset([str(tmp_path / "toy")], None, "train", SEQ, seed=1)
+    micro, dp, accum = 3, 4, 2
+    global_batch = micro * dp * accum
+    readers = [RecordingSamples(dataset) for _ in range(dp)]
+    batches = [list(DistributedBatchIterator(readers[r], micro, r, dp, accum)) for r in range(dp)]
+    steps = len(dataset) // global_batch
+    for rank in range(dp):
+        expected = [g * global_batch + k * micro * dp + rank * micro + i
+                    for g in range(steps) for k in range(accum) for i in range(micro)]
+        assert readers[rank].read == expected
+        assert len(batches[rank]) == steps * accum and batches[rank][0].shape == (micro, SEQ + 1)
+    everything = sorted(i for reader in readers for i in reader.read)
+    assert everything == list(range(steps * global_batch))  # disjoint, and together complete
+
+
+def test_resuming_at_consumed_samples_continues_the_sequence(tmp_path):
+    write_unique_token_shard(str(tmp_path / "toy_train"), document_lengths_summing_to(4000))
+    dataset = build_packed_dataset([str(tmp_path / "toy")], None, "train", SEQ, seed=3, num_samples=600)
+    uninterrupted = list(DistributedBatchIterator(dataset, 2, 1, 2, 3))
+
+    first = DistributedBatchIterator(dataset, 2, 1, 2, 3)
+    before = [next(first) for _ in range(7)]  # stop in the middle of a global batch
+    state = first.state_dict()
+    assert state["consumed_samples"] == 7 * 2 * 2
+    rebuilt = build_packed_dataset([str(tmp_path / "toy")], None, "train", SEQ, seed=3, num_samples=600)
+    resumed = DistributedBatchIterator(rebuilt, 2, 1, 2, 3)
+    resumed.load_state_dict(state)
+    after = list(resumed)
+    assert len(before) + len(after) == len(uninterrupted)
+    for a, b in zip(before + after, uninterrupted):
+        assert np.array_equal(a.numpy(), b.numpy())
+    with pytest.raises(ValueError, match="multiple of"):
+        DistributedBatchIterator(dataset, 2, 0, 2, 3, consumed_samples=3)
+
+
+def test_several_epochs_are_deterministic_and_seeded(tmp_path):
+    documents = write_unique_token_shard(str(tmp_path / "toy_train"), document_lengths_summing_to(1200))
+    one_epoch = (1200 - 1) // SEQ
+    dataset = build_packed_dataset([str(tmp_path / "toy")], None, "train", SEQ, seed=7, num_samples=3 * one_epoch)
+    again = build_packed_dataset([str(tmp_path / "toy")], None, "train", SEQ, seed=7, num_samples=3 * one_epoch)
+    other = build_packed_dataset([str(tmp_path / "toy")], None, "train", SEQ, seed=8, num_samples=3 * one_epoch)
+    assert len(dataset) == 3 * one_epoch
+    samples = [dataset[i] for i in range(len(dataset))]
+    assert all(np.array_equal(s, again[i]) for i, s in enumerate(samples))
+    assert not all(np.array_equal(s, other[i]) for i, s in enumerate(samples))
+    seen = Counter(np.concatenate([s[:SEQ] for s in samples]).tolist())
+    assert set(seen) <= {t for d in documents for t in d} and max(seen.values()) <= 3
+    assert sum(seen.values()) == 3 * one_epoch * SEQ
+
+
+def test_weighted_blend_of_sharded_prefixes(tmp_path):
+    for k in range(3):  # prefix a: three shards; tokens 0..2999
+        write_unique_token_shard(str(tmp_path / f"a_train_{k:05d}"), document_lengths_summing_to(1000, k), 1000 * k)
+    write_unique_token_shard(str(tmp_path / "b_train"), document_lengths_summing_to(1000, 9), 10000)
+    dataset = build_packed_dataset([str(tmp_path / "a"), str(tmp_path / "b")], [0.25, 0.75], "train", SEQ,
+                                   seed=2, num_samples=400)
+    assert len(dataset) == 400
+    from_b = sum(int(dataset[i][0]) >= 10000 for i in range(len(dataset)))
+    assert abs(from_b - 300) <= 3  # megatron-core's blending follows the weights closely
+    shards_used = {int(dataset[i][0]) // 1000 for i in range(len(dataset)) if dataset[i][0] < 10000}
+    assert shards_used == {0, 1, 2}
+
+    unweighted = build_packed_dataset([str(tmp_path / "a"), str(tmp_path / "b")], None, "train", SEQ, seed=2)
+    assert len(unweighted) == 3 * (999 // SEQ) + 999 // SEQ  # one epoch of every shard
+    firsts = [int(unweighted[i][0]) for i in range(len(unweighted))]
+    assert len(set(firsts)) == len(firsts)
+
+
+def test_errors_name_the_problem(tmp_path):
+    with pytest.raises(FileNotFoundError, match="no valid shards"):
+        build_packed_dataset([str(tmp_path / "missing")], None, "valid", SEQ, seed=1)
+    write_unique_token_shard(str(tmp_path / "tiny_test"), [5, 5])
+    with pytest.raises(ValueError, match="fewer than one sample"):
+        build_packed_dataset([str(tmp_path / "tiny")], None, "test", SEQ, seed=1)

@@ -1,0 +1,112 @@
+"""Bad records are skipped and counted by reason; bad arguments stop the run with exit status 2."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+
+from data_pipeline.pipeline import PreprocessConfig, run_preprocess
+from data_pipeline.splits import SPLITS
+
+
+def test_each_bad_record_class_is_counted_and_skipped(tmp_path, neox, neox_path, small_texts, corpus,
+                                                      read_split, expected_split_docs):
+    good = small_texts[:6]
+    lines = [
+        json.dumps({"text": good[0]}).encode(),
+        b'{"text": "unterminated',                       # line 2: malformed_json
+        json.dumps({"title": "no text"}).encode(),        # line 3: missing_text
+        json.dumps({"text": None}).encode(),              # line 4: missing_text
+        json.dumps({"text": 42}).encode(),                # line 5: non_string_text
+        json.dumps({"text": ["a", "b"]}).encode(),        # line 6: non_string_text
+        json.dumps({"text": good[1]}).encode(),
+        json.dumps({"text": ""}).encode(),                # line 8: empty_text
+        json.dumps({"text": " \n\t "}).encode(),          # line 9: empty_text
+        b'{"text": "caf\xe9 au lait"}',                   # line 10: invalid_utf8 (latin-1 byte)
+        b'{"text": "lone \\ud800 surrogate"}',            # line 11: invalid_utf8 (unpaired surrogate)
+        json.dumps([good[2]]).encode(),                   # line 12: not_an_object
+        b"",                                              # line 13: blank line, ignored
+        json.dumps({"text": good[2]}).encode(),
+    ]
+    mixed = tmp_path / "mixed.jsonl"
+    mixed.write_bytes(b"\n".join(lines) + b"\n")
+    # a gzip file cut short: the documents before the cut are kept, the rest is skipped
+    scenes = [doc["text"] for doc in corpus[100:300]]  # enough text for several reads before the cut
+    whole = gzip.compress("".join(json.dumps({"text": t}) + "\n" for t in scenes).encode())
+    truncated = tmp_path / "truncated.jsonl.gz"
+    truncated.write_bytes(whole[: len(whole) // 2])
+    garbage = tmp_path / "garbage.jsonl.zst"
+    garbage.write_bytes(b"this is not zstd data")
+    unreadable = tmp_path / "unreadable.jsonl"  # a folder where a file was expected: open() fails
+    unreadable.mkdir()
+    after = tmp_path / "after.jsonl"
+    after.write_text(json.dumps({"text": good[5]}) + "\n")
+
+    prefix = tmp_path / "out" / "neox"
+    stats = run_preprocess(PreprocessConfig(
+        inputs=[str(p) for p in (mixed, truncated, garbage, unreadable, after)], tokenizer=neox_path,
+        output_prefix=str(prefix), append_eod=True, valid_fraction=0.3, test_fraction=0.3, workers=0,
+        progress=False))
+
+    assert stats["skipped"] == {"malformed_json": 1, "missing_text": 2, "non_string_text": 2, "empty_text": 2,
+                                "invalid_utf8": 2, "not_an_object": 1, "unreadable_file": 3}
+    examples = stats["skipped_examples"]
+    assert examples["malformed_json"] == [f"{mixed}:line 2"]
+    assert examples["missing_text"] == [f"{mixed}:line 3", f"{mixed}:line 4"]
+    assert examples["non_string_text"] == [f"{mixed}:line 5", f"{mixed}:line 6"]
+    assert examples["empty_text"] == [f"{mixed}:line 8", f"{mixed}:line 9"]
+    assert examples["invalid_utf8"] == [f"{mixed}:line 10", f"{mixed}:line 11"]
+    assert examples["not_an_object"] == [f"{mixed}:line 12"]
+    assert examples["unreadable_file"][1:] == [f"{garbage}:line 1", f"{unreadable}:line 1"]
+    assert examples["unreadable_file"][0].startswith(f"{truncated}:line ")
+    kept_from_truncated = stats["documents"] - 4
+    assert 0 < kept_from_truncated < len(scenes)
+    texts = good[:3] + scenes[:kept_from_truncated] + [good[5]]
+    expected = expected_split_docs(neox, texts, 0.3, 0.3)
+    for split in SPLITS:
+        assert read_split(str(prefix), split) == expected[split]
+
+
+def test_missing_tokenizer_exits_2_naming_it(tmp_path, run_cli, write_jsonl):
+    source = write_jsonl(tmp_path / "docs.jsonl", [{"text": "hello"}])
+    missing = tmp_path / "no-such-tokenizer.json"
+    result = run_cli("data_pipeline.preprocess", "--input", str(source), "--tokenizer", str(missing),
+                     "--output-prefix", str(tmp_path / "out" / "neox"))
+    assert result.returncode == 2
+    assert str(missing) in result.stderr and "--tokenizer" in result.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_unknown_format_and_no_match_exit_2_naming_the_input(tmp_path, run_cli, neox_path):
+    odd = tmp_path / "docs.csv"
+    odd.write_text("text\nhello\n")
+    result = run_cli("data_pipeline.preprocess", "--input", str(odd), "--tokenizer", neox_path,
+                     "--output-prefix", str(tmp_path / "out" / "neox"))
+    assert result.returncode == 2 and "unknown input format" in result.stderr and str(odd) in result.stderr
+    pattern = str(tmp_path / "nothing-*.jsonl")
+    result = run_cli("data_pipeline.preprocess", "--input", pattern, "--tokenizer", neox_path,
+                     "--output-prefix", str(tmp_path / "out" / "neox"))
+    assert result.returncode == 2 and "no input matches" in result.stderr and pattern in result.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_unwritable_output_exits_2_naming_it(tmp_path, run_cli, neox_path, write_jsonl):
+    source = write_jsonl(tmp_path / "docs.jsonl", [{"text": "hello"}])
+    blocker = tmp_path / "a-file"
+    blocker.write_text("a file, not a folder")
+    prefix = blocker / "shards" / "neox"  # its folder cannot be created, whoever runs this
+    result = run_cli("data_pipeline.preprocess", "--input", str(source), "--tokenizer", neox_path,
+                     "--output-prefix", str(prefix))
+    assert result.returncode == 2
+    assert "--output-prefix" in result.stderr and str(blocker) in result.stderr
+    assert blocker.read_text() == "a file, not a folder"
+    assert sorted(os.listdir(tmp_path)) == ["a-file", "docs.jsonl"]
+
+
+def test_unknown_eod_token_exits_2_naming_it(tmp_path, run_cli, neox_path, write_jsonl):
+    source = write_jsonl(tmp_path / "docs.jsonl", [{"text": "hello"}])
+    result = run_cli("data_pipeline.preprocess", "--input", str(source), "--tokenizer", neox_path,
+                     "--eod-token", "<|no-such-token|>", "--output-prefix", str(tmp_path / "out" / "neox"))
+    assert result.returncode == 2
+    assert "--eod-token" in result.stderr and "<|no-such-token|>" in result.stderr

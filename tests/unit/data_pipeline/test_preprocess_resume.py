@@ -1,0 +1,62 @@
+"""A run killed mid-way and rerun with the same arguments gives the bytes of an uninterrupted run."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+from data_pipeline.pipeline import PreprocessConfig, run_preprocess
+
+INPUTS = 16
+
+
+def finished_parts(work) -> list:
+    """Inputs renamed into place (a `tmp-` folder may already hold its done.json)."""
+    return [p for p in work.iterdir() if not p.name.startswith("tmp-") and (p / "done.json").is_file()]
+
+
+def test_killed_run_resumes_to_identical_shards(tmp_path, corpus, neox_path, write_jsonl, run_cli, output_bytes):
+    documents = corpus[:400]
+    per_input = len(documents) // INPUTS
+    inputs = [str(write_jsonl(tmp_path / "in" / f"part-{k:02d}.jsonl", documents[k * per_input:(k + 1) * per_input]))
+              for k in range(INPUTS)]
+    arguments = ["--input", *inputs, "--tokenizer", neox_path, "--append-eod", "--valid-fraction", "0.05",
+                 "--test-fraction", "0.05", "--max-shard-tokens", "200000", "--workers", "1", "--quiet"]
+
+    reference = tmp_path / "reference" / "neox"
+    run_preprocess(PreprocessConfig(inputs=inputs, tokenizer=neox_path, output_prefix=str(reference),
+                                    append_eod=True, valid_fraction=0.05, test_fraction=0.05,
+                                    max_shard_tokens=200000, workers=0, progress=False))
+
+    prefix = tmp_path / "resumed" / "neox"
+    work = tmp_path / "resumed" / "neox.work"
+    process = subprocess.Popen([sys.executable, "-m", "data_pipeline.preprocess", *arguments,
+                                "--output-prefix", str(prefix)], start_new_session=True,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 120
+    while not (work.is_dir() and finished_parts(work)):
+        assert process.poll() is None, process.stderr.read().decode()
+        assert time.monotonic() < deadline, "no input finished in time"
+        time.sleep(0.005)
+    os.killpg(process.pid, signal.SIGKILL)  # the writer and its worker processes
+    process.wait()
+    process.stderr.close()
+
+    finished = finished_parts(work)
+    assert 1 <= len(finished) < INPUTS, "the kill should land mid-run"
+    assert not (tmp_path / "resumed" / "neox_stats.json").exists()
+    assert output_bytes(str(prefix)) == {}, "nothing may sit under a final name before the run completes"
+
+    result = run_cli("data_pipeline.preprocess", *arguments, "--output-prefix", str(prefix))
+    assert result.returncode == 0, result.stderr
+    stats = json.loads((tmp_path / "resumed" / "neox_stats.json").read_text())
+    assert stats["inputs_reused"] == len(finished)
+    assert stats["documents"] == len(documents)
+    resumed, expected = output_bytes(str(prefix)), output_bytes(str(reference))
+    assert len(expected) > 6  # several shards per split
+    assert resumed == expected
+    assert not work.exists()

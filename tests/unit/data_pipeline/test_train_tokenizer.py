@@ -1,0 +1,42 @@
+"""Trained tokenizers (byte-level BPE and sentencepiece) load, round-trip text and know their EOD."""
+
+from __future__ import annotations
+
+import pytest
+
+from data_pipeline.pipeline import PreprocessConfig, run_preprocess
+from data_pipeline.tokenizer import load_tokenizer
+from data_pipeline.train_tokenizer import iter_texts, train_sentencepiece
+
+SAMPLE = "To be, or not to be: that is the question. Ünïcödé, 日本, and émojis 🎭 too."
+
+
+def test_byte_bpe_from_the_command_line(tmp_path, run_cli, write_jsonl, corpus):
+    source = write_jsonl(tmp_path / "docs.jsonl", [{"text": d["text"]} for d in corpus[:80]] + [{"text": 7}])
+    plain = tmp_path / "extra.txt"
+    plain.write_text(corpus[80]["text"])
+    output = tmp_path / "bpe" / "tokenizer.json"
+    result = run_cli("data_pipeline.train_tokenizer", "--input", str(source), str(plain), "--model", "byte-bpe",
+                     "--vocab-size", "800", "--output", str(output))
+    assert result.returncode == 0, result.stderr
+    tokenizer = load_tokenizer(output.parent)  # a folder holding tokenizer.json
+    assert tokenizer.kind == "hf" and tokenizer.vocab_size == 800
+    assert tokenizer.eod_id == tokenizer.token_id("<|endoftext|>") == 0
+    assert tokenizer.decode(tokenizer.encode(SAMPLE)) == SAMPLE  # bytes: nothing is unknown
+
+
+@pytest.mark.parametrize("model_type", ["unigram", "bpe"])
+def test_sentencepiece_trains_and_preprocesses(tmp_path, write_jsonl, corpus, read_split, model_type):
+    source = write_jsonl(tmp_path / "docs.jsonl", [{"text": d["text"]} for d in corpus[:80]])
+    path = train_sentencepiece(iter_texts([str(source)]), 600, str(tmp_path / "sp.model"), model_type)
+    tokenizer = load_tokenizer(path)
+    assert tokenizer.kind == "sentencepiece" and tokenizer.vocab_size == 600
+    assert tokenizer.eod_id == tokenizer.token_id("<|endoftext|>") == 1
+    assert tokenizer.decode(tokenizer.encode(SAMPLE)) == SAMPLE  # byte fallback
+
+    prefix = tmp_path / "out" / "sp"
+    stats = run_preprocess(PreprocessConfig(inputs=[str(source)], tokenizer=path, output_prefix=str(prefix),
+                                            append_eod=True, test_fraction=0.0, workers=0, progress=False,
+                                            limit_docs=5))
+    assert stats["dtype"] == "uint16" and stats["eod_id"] == 1
+    assert read_split(str(prefix), "train") == [tokenizer.encode(d["text"]) + [1] for d in corpus[:5]]
