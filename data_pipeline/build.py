@@ -1,0 +1,44 @@
+"""Build a corpus's shards on first use, so that a new checkout can train without a manual step.
+
+`ensure_shards` is what the quickstart launcher calls before training on the bundled corpus: the
+first call tokenizes `source` into `{prefix}_{train,valid,test}`, later calls return at once.
+Concurrent callers (several ranks) take turns on the preprocessing lock; the first builds, the
+rest find the shards done.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+from data_pipeline.pipeline import PreprocessConfig, run_preprocess
+from data_pipeline.plan import file_sha256
+from data_pipeline.tokenizer import load_tokenizer
+
+
+def ensure_shards(source: str, prefix: str, tokenizer: str, valid_fraction: float, test_fraction: float,
+                  *, workers: int | None = None, append_eod: bool = True, progress: bool = True) -> None:
+    """Tokenize `source` into shards at `prefix` unless a finished build is already there.
+
+    An existing build made with another tokenizer raises ValueError (training on it would be
+    wrong); otherwise an existing build is kept as is, whatever fractions it was made with.
+    """
+    stats_path = f"{prefix}_stats.json"
+    if os.path.isfile(stats_path):
+        _check_tokenizer(stats_path, tokenizer)
+        return
+    if workers is None:
+        workers = max(1, min(4, (os.cpu_count() or 2) - 1))
+    config = PreprocessConfig(inputs=[source], tokenizer=tokenizer, output_prefix=prefix,
+                              workers=workers, append_eod=append_eod, valid_fraction=valid_fraction,
+                              test_fraction=test_fraction, progress=progress)
+    run_preprocess(config)  # under its lock: a concurrent caller that finished first makes this a no-op
+
+
+def _check_tokenizer(stats_path: str, tokenizer: str) -> None:
+    with open(stats_path) as handle:
+        built_with = json.load(handle).get("tokenizer_sha256")
+    path = load_tokenizer(tokenizer).path  # the file, when `tokenizer` names a folder
+    if built_with != file_sha256(path):
+        raise ValueError(f"{stats_path}: these shards were tokenized with another tokenizer than {path}; "
+                         f"remove {stats_path[: -len('_stats.json')]}_* to rebuild them")

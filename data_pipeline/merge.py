@@ -1,0 +1,92 @@
+"""Merge the per-input partial files of one split into its final shards, in input order.
+
+Each final file is written under a temporary name and renamed only when complete, so a reader
+never sees a half-written shard and an interrupted merge simply runs again.  Documents are copied
+as byte ranges (what megatron-core's `add_index` does for whole files, without its per-file
+garbage collection, which costs a quarter of a second each once torch is loaded).
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+from data_pipeline.indexed import (
+    append_document_range,
+    document_lengths,
+    existing_outputs,
+    finalize,
+    megatron_indexed,
+    split_prefix,
+)
+
+TMP = ".tmp"
+UNCAPPED = 2**62  # tokens: one shard per split
+
+
+class _ShardSequence:
+    """Final shards of one split, opened one at a time; renamed into place by `publish`."""
+
+    def __init__(self, prefix: str, split: str, dtype: type[np.integer], sharded: bool) -> None:
+        self.prefix, self.split, self.dtype, self.sharded = prefix, split, dtype, sharded
+        self.done: list[str] = []
+        self.builder = None
+        self.tokens = 0
+
+    def current(self):
+        if self.builder is None:
+            _, builder_cls = megatron_indexed()
+            name = self._name(len(self.done))
+            self.builder = builder_cls(name + ".bin" + TMP, dtype=self.dtype)
+        return self.builder
+
+    def close_current(self) -> None:
+        if self.builder is not None:
+            name = self._name(len(self.done))
+            finalize(self.builder, name + ".idx" + TMP)
+            self.done.append(name)
+            self.builder = None
+            self.tokens = 0
+
+    def publish(self) -> list[str]:
+        """Rename every finished shard to its final name; returns the shard prefixes (none when empty)."""
+        self.close_current()
+        for name in self.done:
+            os.replace(name + ".bin" + TMP, name + ".bin")
+            os.replace(name + ".idx" + TMP, name + ".idx")
+        return self.done
+
+    def _name(self, k: int) -> str:
+        return split_prefix(self.prefix, self.split, k if self.sharded else None)
+
+
+def merge_split(parts: list[str], prefix: str, split: str, dtype: type[np.integer],
+                max_shard_tokens: int | None) -> list[str]:
+    """Concatenate `parts` (partial-file prefixes) into `{prefix}_{split}[_{k:05d}]`; returns them.
+
+    With `max_shard_tokens`, a shard is closed before a document that would overflow it (a single
+    longer document gets a shard of its own); documents are never cut.  A split without documents
+    gets no file (megatron-core cannot map an empty one).
+    """
+    for stale in existing_outputs(prefix, split):  # left by an interrupted earlier merge
+        os.remove(stale)
+    cap = max_shard_tokens or UNCAPPED
+    shards = _ShardSequence(prefix, split, dtype, sharded=max_shard_tokens is not None)
+    for part in parts:
+        lengths = document_lengths(part)
+        ends = np.cumsum(lengths)  # ends[i]: tokens up to and including document i
+        start = 0
+        while start < len(lengths):
+            before = int(ends[start - 1]) if start else 0
+            stop = int(np.searchsorted(ends, before + cap - shards.tokens, side="right"))
+            if stop == start:  # the next document does not fit
+                if shards.tokens == 0:  # an oversized document: a shard of its own
+                    stop = start + 1
+                else:
+                    shards.close_current()
+                    continue
+            append_document_range(shards.current(), part, lengths, start, stop, before)
+            shards.tokens += int(ends[stop - 1]) - before
+            start = stop
+    return shards.publish()

@@ -1,0 +1,233 @@
+"""Packed language-model samples over tokenized shards, for training and evaluation.
+
+The API the training loop uses::
+
+    from data_pipeline.packed import build_packed_dataset, build_eval_datasets, DistributedBatchIterator
+
+    train = build_packed_dataset(["data/pile/neox"], None, "train", seq_len=2048, seed=1234,
+                                 num_samples=steps * global_batch_size)
+    len(train); train[i]              # np.ndarray[int64] of seq_len + 1 tokens
+    batches = DistributedBatchIterator(train, micro_batch_size, dp_rank, dp_size, grad_accum,
+                                       consumed_samples=0)
+    for batch in batches:             # torch.LongTensor (micro_batch_size, seq_len + 1)
+        inputs, labels = batch[:, :-1], batch[:, 1:]
+    state = batches.state_dict()      # {"consumed_samples": ..., ...}; load_state_dict(state) resumes
+    evals = build_eval_datasets(["data/pile/neox"], "test", (4096, 8192, 16384), seed=1234)
+
+Semantics (megatron-core's GPTDataset, which builds and caches the indices):
+
+- A prefix names the shards `{prefix}_{split}` or `{prefix}_{split}_{k:05d}` (all are used).
+- Per shard and epoch, the documents are shuffled (seeded) and concatenated, EOD tokens included
+  as written; sample j of the epoch is tokens [j*seq_len, (j+1)*seq_len] of that stream, so
+  consecutive samples share one token (the last label of one is the first input of the next),
+  samples cross document boundaries, and the final (tokens - 1) mod seq_len tokens of an epoch
+  are dropped.  The order of samples is then shuffled (seeded).
+- `num_samples=None` gives exactly one epoch of every shard; a larger `num_samples` repeats
+  epochs (each with a new document order) until it is met.
+- Several shards or prefixes are blended by weight (prefix weights, shared among a prefix's
+  shards by their token counts; None: in proportion to tokens) with megatron-core's
+  deterministic blending index, built in memory.
+- Everything depends only on (shards, seq_len, seed, num_samples): every rank and every restart
+  sees the same sample i.  Index files are cached in `cache_dir` (default: `index-cache` next to
+  the first prefix), which must be visible to every rank; with torch.distributed initialised,
+  rank 0 builds them first and the other ranks wait at a barrier, so call this on all ranks.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import warnings
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from data_pipeline.batches import DistributedBatchIterator
+from data_pipeline.indexed import document_lengths, find_shards
+from data_pipeline.locking import exclusive_lock
+from data_pipeline.splits import SPLITS
+
+BLEND_SURPLUS = 0.005  # extra samples built per shard so the blend never runs short (megatron's default)
+__all__ = ["PackedDataset", "build_packed_dataset", "build_eval_datasets", "DistributedBatchIterator"]
+
+
+class PackedDataset:
+    """`len()` samples of `seq_len + 1` tokens; sample i is the same on every rank and run."""
+
+    def __init__(self, parts: list[Any], seq_len: int, length: int,
+                 blend: tuple[np.ndarray, np.ndarray] | None) -> None:
+        self.parts, self.seq_len, self.length, self.blend = parts, seq_len, length, blend
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __getitem__(self, index: int) -> np.ndarray:
+        if index < 0:
+            index += self.length
+        if not 0 <= index < self.length:
+            raise IndexError(f"sample {index} is out of range for {self.length} samples")
+        if self.blend is None:
+            part, sample = self.parts[0], index
+        else:
+            part, sample = self.parts[int(self.blend[0][index])], int(self.blend[1][index])
+        item = part[sample]  # tokens = text[:-1], labels = text[1:]
+        return np.concatenate([item["tokens"].numpy(), item["labels"][-1:].numpy()]).astype(np.int64)
+
+
+def build_packed_dataset(prefixes: Sequence[str], weights: Sequence[float] | None, split: str, seq_len: int,
+                         seed: int, num_samples: int | None = None,
+                         cache_dir: str | None = None) -> PackedDataset:
+    """Samples of `seq_len + 1` tokens from the `split` shards of `prefixes` (see the module doc)."""
+    if not prefixes:
+        raise ValueError("no data prefixes given")
+    if split not in SPLITS:
+        raise ValueError(f"unknown split {split!r}; expected one of {SPLITS}")
+    if weights is not None and len(weights) != len(prefixes):
+        raise ValueError(f"{len(weights)} weights for {len(prefixes)} prefixes")
+    if seq_len < 1 or (num_samples is not None and num_samples < 1):
+        raise ValueError(f"seq_len and num_samples must be positive, got {seq_len} and {num_samples}")
+    shards, shard_weights, shard_tokens = _shards_with_weights(prefixes, weights, split)
+    one_epoch = [max(0, (t - 1) // seq_len) for t in shard_tokens]
+    if sum(one_epoch) == 0:
+        raise ValueError(f"the {split} split of {list(prefixes)} holds {sum(shard_tokens)} tokens, fewer "
+                         f"than one sample of {seq_len + 1}")
+    blended = len(shards) > 1
+    if blended and num_samples is None and weights is not None:
+        num_samples = sum(one_epoch)  # an epoch-sized blend that follows the given weights
+    if not blended:
+        per_shard = [num_samples]
+    elif num_samples is None:
+        per_shard = [None] * len(shards)
+    else:
+        per_shard = [math.ceil(math.ceil(num_samples * w) * (1 + BLEND_SURPLUS)) for w in shard_weights]
+    keep = [i for i, n in enumerate(one_epoch) if n > 0 and per_shard[i] != 0]
+    config = _config(prefixes, shards, split, seq_len, seed,
+                     cache_dir or os.path.join(os.path.dirname(os.path.abspath(prefixes[0])), "index-cache"))
+    parts = _build_in_rank_order(lambda: [_gpt_dataset(shards[i], split, per_shard[i], config) for i in keep],
+                                 config.path_to_cache)
+    if not blended:
+        return PackedDataset(parts, seq_len, num_samples or len(parts[0]), None)
+    if num_samples is None:  # every shard exactly once
+        return PackedDataset(parts, seq_len, sum(len(p) for p in parts), _exhaustive_blend(parts))
+    return PackedDataset(parts, seq_len, num_samples,
+                         _weighted_blend(parts, [shard_weights[i] for i in keep], num_samples))
+
+
+def build_eval_datasets(prefixes: Sequence[str], split: str, seq_lens: Sequence[int], seed: int,
+                        cache_dir: str | None = None) -> dict[int, PackedDataset]:
+    """One epoch of `split` at each length (e.g. 4096-16384 for length extrapolation)."""
+    return {L: build_packed_dataset(prefixes, None, split, L, seed, None, cache_dir) for L in seq_lens}
+
+
+# ------------------------------------------------------------------ shards and megatron-core objects
+
+
+def _shards_with_weights(prefixes: Sequence[str], weights: Sequence[float] | None,
+                         split: str) -> tuple[list[str], list[float], list[int]]:
+    shards: list[str] = []
+    tokens: list[int] = []
+    owner: list[int] = []
+    for p, prefix in enumerate(prefixes):
+        for shard in find_shards(prefix, split):
+            shards.append(shard)
+            tokens.append(int(document_lengths(shard).sum()))
+            owner.append(p)
+    prefix_tokens = [sum(t for t, o in zip(tokens, owner) if o == p) for p in range(len(prefixes))]
+    if weights is None:
+        prefix_share = [t / max(sum(prefix_tokens), 1) for t in prefix_tokens]
+    else:
+        if any(w < 0 for w in weights) or sum(weights) <= 0:
+            raise ValueError(f"weights must be non-negative and not all zero, got {list(weights)}")
+        prefix_share = [w / sum(weights) for w in weights]
+    shard_weights = [prefix_share[o] * t / prefix_tokens[o] if prefix_tokens[o] else 0.0
+                     for t, o in zip(tokens, owner)]
+    return shards, shard_weights, tokens
+
+
+class _DataIdentity:
+    """What megatron-core's config reads from a tokenizer: the EOD id, and a JSON identity that
+    keys its index cache (here: the shard files' sizes and mtimes, so rebuilt shards never reuse
+    stale indices)."""
+
+    def __init__(self, eod: int, shards: list[str]) -> None:
+        self.eod = eod
+        self.vocab_size = None  # the token dtype is read from each .idx file
+        files = {s: [os.path.getsize(s + ".bin"), os.stat(s + ".bin").st_mtime_ns] for s in shards}
+        self.unique_identifiers = {"class": "PackedShards", "eod": eod, "shards": files}
+
+
+def _config(prefixes: Sequence[str], shards: list[str], split: str, seq_len: int, seed: int,
+            cache_dir: str) -> Any:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # optional-kernel and deprecation notices from its import
+        from megatron.core.datasets.gpt_dataset import GPTDatasetConfig
+    blend = (shards, None)
+    return GPTDatasetConfig(
+        random_seed=seed, sequence_length=seq_len, path_to_cache=cache_dir,
+        blend_per_split=[blend if name == split else None for name in SPLITS],  # megatron's Split order
+        tokenizer=_DataIdentity(_eod_of(prefixes), shards), reset_position_ids=False,
+        reset_attention_mask=False, eod_mask_loss=False, create_attention_mask=False)
+
+
+def _eod_of(prefixes: Sequence[str]) -> int:
+    """The EOD id recorded by preprocessing (only used by megatron-core for masks we do not use)."""
+    try:
+        with open(f"{prefixes[0]}_stats.json") as handle:
+            return int(json.load(handle)["eod_id"])
+    except (OSError, ValueError, KeyError):
+        return 0
+
+
+def _gpt_dataset(shard: str, split: str, num_samples: int | None, config: Any) -> Any:
+    from megatron.core.datasets.gpt_dataset import GPTDataset
+    from megatron.core.datasets.utils import Split
+
+    indexed = GPTDataset.build_low_level_dataset(shard, config)
+    documents = np.arange(len(indexed.sequence_lengths), dtype=np.int32)
+    return GPTDataset(indexed, shard, documents, num_samples, Split[split], config)
+
+
+def _build_in_rank_order(build, cache_dir: str) -> Any:
+    """Build under a file lock; with torch.distributed up, rank 0 first (it writes the cache)."""
+    import torch.distributed as dist
+
+    os.makedirs(cache_dir, exist_ok=True)
+    lock = os.path.join(cache_dir, ".lock")
+    if not (dist.is_available() and dist.is_initialized()):
+        with exclusive_lock(lock):
+            return build()
+    result = None
+    if dist.get_rank() == 0:
+        with exclusive_lock(lock):
+            result = build()
+    dist.barrier()
+    if dist.get_rank() != 0:
+        with exclusive_lock(lock):
+            result = build()
+    return result
+
+
+def _weighted_blend(parts: list[Any], weights: list[float], size: int) -> tuple[np.ndarray, np.ndarray]:
+    from megatron.core.datasets import helpers
+
+    dataset_index = np.zeros(size, dtype=np.int16)
+    sample_index = np.zeros(size, dtype=np.int64)
+    normalized = np.array(weights, dtype=np.float64) / sum(weights)
+    helpers.build_blending_indices(dataset_index, sample_index, normalized, len(parts), size, False)
+    for i, part in enumerate(parts):
+        used = int(np.count_nonzero(dataset_index == i))
+        if used > len(part):
+            raise IndexError(f"the blend draws {used} samples from {part.dataset_path}, which has {len(part)}")
+    return dataset_index, sample_index
+
+
+def _exhaustive_blend(parts: list[Any]) -> tuple[np.ndarray, np.ndarray]:
+    from megatron.core.datasets import helpers
+
+    sizes = np.array([len(p) for p in parts], dtype=np.int64)
+    dataset_index = np.zeros(int(sizes.sum()), dtype=np.int16)
+    sample_index = np.zeros(int(sizes.sum()), dtype=np.int64)
+    helpers.build_exhaustive_blending_indices(dataset_index, sample_index, sizes, len(parts))
+    return dataset_index, sample_index

@@ -1,0 +1,123 @@
+"""Tokenize inputs into megatron-core IndexedDataset shards, resumably.
+
+Layout while a run is in progress (all under the output prefix):
+
+    {prefix}.lock                       held while a run works on this prefix
+    {prefix}.work/{i:05d}-{key}/        finished input i: train/valid/test .bin/.idx + done.json
+    {prefix}.work/tmp-.../              the input being written (renamed when complete)
+
+Each input is processed into its own partial files, which are renamed into place with a done
+marker only when complete; a rerun with the same arguments reuses finished inputs (see
+`parts`).  At the end the partial files are merged in input order into
+`{prefix}_{split}[_{k:05d}]`, `{prefix}_stats.json` is written last (it marks the output
+complete) and the work folder is removed.  Every step is deterministic, so an interrupted and
+resumed run gives the same bytes as an uninterrupted one.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+import time
+
+from data_pipeline.locking import exclusive_lock
+from data_pipeline.merge import merge_split
+from data_pipeline.parts import reuse_finished, write_json_atomic, write_parts
+from data_pipeline.plan import Plan, PreprocessConfig, PreprocessError, plan_run
+from data_pipeline.progress import Progress
+from data_pipeline.splits import SPLITS
+from data_pipeline.stats import Counts
+from data_pipeline.workers import EncoderPool
+
+__all__ = ["PreprocessConfig", "PreprocessError", "run_preprocess"]
+
+
+def run_preprocess(config: PreprocessConfig) -> dict:
+    """Build (or finish building) the shards of `config`; returns the stats also written to disk."""
+    if "__mp_main__" in sys.modules and sys.modules["__mp_main__"] is not sys.modules.get("__main__"):
+        # a starting worker process is re-running the caller's script: stop it rather than deadlock
+        raise RuntimeError("preprocessing was started again by a worker process re-running the main "
+                           "script; put the script's entry point under `if __name__ == '__main__':`")
+    plan = plan_run(config)
+    with exclusive_lock(f"{plan.prefix}.lock"):
+        finished = _finished_stats(plan)
+        if finished is not None:
+            _say(config, f"{plan.stats_path} is already complete; nothing to do")
+            return finished
+        return _run_locked(plan)
+
+
+def _run_locked(plan: Plan) -> dict:
+    started = time.monotonic()
+    plan.work_dir.mkdir(exist_ok=True)
+    for leftover in plan.work_dir.glob("tmp-*"):  # the input an interrupted run was writing
+        shutil.rmtree(leftover)
+    total = Counts()
+    parts = reuse_finished(plan, total)
+    reused = len(parts)
+    encoders = EncoderPool(plan.tokenizer, plan.config.eod_token, plan.settings, plan.config.workers)
+    progress = Progress(plan.config.progress)
+    progress.add_finished(total)
+    try:
+        if reused < len(plan.specs) and plan.config.limit_docs != total.documents:
+            encoders.start()  # the workers load while the writer imports megatron-core
+            parts += write_parts(plan, reused, total, encoders, progress)
+    finally:
+        encoders.close()
+        progress.close()
+    merge_started = time.monotonic()
+    shards = {split: merge_split([str(p / split) for p in parts], plan.prefix, split, plan.dtype,
+                                 plan.config.max_shard_tokens) for split in SPLITS}
+    total.seconds += time.monotonic() - merge_started
+    stats = _stats(plan, total, shards, len(parts), reused, time.monotonic() - started)
+    write_json_atomic(plan.stats_path, stats)
+    shutil.rmtree(plan.work_dir)
+    _say(plan.config, _summary(stats))
+    return stats
+
+
+def _finished_stats(plan: Plan) -> dict | None:
+    """The stats of a completed earlier run with the same fingerprint; an error for other settings."""
+    if not plan.stats_path.is_file():
+        return None
+    try:
+        stats = json.loads(plan.stats_path.read_text())
+    except (OSError, ValueError):
+        stats = {}
+    if stats.get("fingerprint") != plan.fingerprint:
+        raise PreprocessError(
+            f"--output-prefix: {plan.stats_path} records shards built from other inputs or settings; "
+            f"remove {plan.prefix}_* to rebuild, or choose another --output-prefix")
+    return stats
+
+
+def _stats(plan: Plan, total: Counts, shards: dict[str, list[str]], processed: int, reused: int,
+           wall: float) -> dict:
+    data = total.to_dict()
+    split_docs, split_tokens = data.pop("split_documents"), data.pop("split_tokens")
+    config = plan.config
+    return {
+        **data, **total.throughput(), "wall_seconds": wall,
+        "splits": {split: {"documents": split_docs[split], "tokens": split_tokens[split],
+                           "shards": shards[split]} for split in SPLITS},
+        "inputs": [spec.location for spec in plan.specs], "inputs_processed": processed,
+        "inputs_reused": reused,  # finished by an earlier, interrupted run
+        "tokenizer": plan.tokenizer.path, "tokenizer_sha256": plan.settings_key["tokenizer_sha256"],
+        "vocab_size": plan.tokenizer.vocab_size, "eod_id": plan.tokenizer.eod_id, "eod_token": config.eod_token,
+        "append_eod": config.append_eod, "dtype": plan.settings.dtype, "text_key": config.text_key,
+        "valid_fraction": config.valid_fraction, "test_fraction": config.test_fraction,
+        "max_shard_tokens": config.max_shard_tokens, "limit_docs": config.limit_docs,
+        "fingerprint": plan.fingerprint,
+    }
+
+
+def _summary(stats: dict) -> str:
+    skipped = ", ".join(f"{k}={v}" for k, v in sorted(stats["skipped"].items())) or "none"
+    return (f"{stats['documents']} documents, {stats['tokens']} tokens "
+            f"({stats['tokens_per_second']:,.0f} tokens/s); skipped: {skipped}")
+
+
+def _say(config: PreprocessConfig, message: str) -> None:
+    if config.progress:
+        print(message, file=sys.stderr)

@@ -1,0 +1,63 @@
+"""Tokenize raw text into megatron-core IndexedDataset shards (train/valid/test).
+
+    python -m data_pipeline.preprocess --input 'pile/*.parquet' --text-key text \\
+        --tokenizer data/tokenizers/gpt-neox-20b.json.xz --output-prefix data/pile/neox \\
+        --workers 63 --append-eod --test-fraction 0.001
+
+Writes `{prefix}_{split}.bin/.idx` (or `{prefix}_{split}_{k:05d}.*` with --max-shard-tokens) and
+`{prefix}_stats.json`.  Rerunning an interrupted run with the same arguments resumes it.  Bad
+records are skipped and counted by reason; bad arguments stop the run before any work with exit
+status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from data_pipeline.pipeline import PreprocessConfig, PreprocessError, run_preprocess
+from data_pipeline.sources import FORMATS_HELP
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m data_pipeline.preprocess", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--input", nargs="+", required=True, metavar="PATH_OR_GLOB", help=FORMATS_HELP)
+    parser.add_argument("--text-key", default="text", help="field holding the document text")
+    parser.add_argument("--tokenizer", required=True,
+                        help="tokenizer.json[.xz], sentencepiece .model, or a folder holding one")
+    parser.add_argument("--output-prefix", required=True, help="e.g. data/pile/neox")
+    parser.add_argument("--workers", type=int, default=1,
+                        help="tokenizing processes (0: in this process); one writer either way")
+    parser.add_argument("--append-eod", action="store_true", help="end every document with the EOD token")
+    parser.add_argument("--eod-token", default=None,
+                        help="EOD token text (default: the tokenizer's end-of-text token)")
+    parser.add_argument("--valid-fraction", type=float, default=0.0)
+    parser.add_argument("--test-fraction", type=float, default=0.001, help="the paper holds out 0.1%%")
+    parser.add_argument("--max-shard-tokens", type=int, default=None,
+                        help="cut each split into shards of at most this many tokens")
+    parser.add_argument("--limit-docs", type=int, default=None, help="stop after this many documents")
+    parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    config = PreprocessConfig(
+        inputs=args.input, tokenizer=args.tokenizer, output_prefix=args.output_prefix, text_key=args.text_key,
+        workers=args.workers, append_eod=args.append_eod, valid_fraction=args.valid_fraction,
+        test_fraction=args.test_fraction, max_shard_tokens=args.max_shard_tokens, limit_docs=args.limit_docs,
+        eod_token=args.eod_token, progress=not args.quiet)
+    try:
+        run_preprocess(config)
+    except PreprocessError as err:
+        print(f"preprocess: error: {err}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("preprocess: interrupted; rerun the same command to resume", file=sys.stderr)
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

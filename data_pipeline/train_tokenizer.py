@@ -1,0 +1,132 @@
+"""Train a tokenizer on text or JSON-lines files.
+
+    python -m data_pipeline.train_tokenizer --input 'corpus/*.jsonl.zst' --model byte-bpe \\
+        --vocab-size 50277 --output data/tokenizers/mine.json
+    python -m data_pipeline.train_tokenizer --input data/corpus/shakespeare.jsonl.zst \\
+        --model sp-unigram --vocab-size 8000 --output data/tokenizers/shakespeare.model
+
+- byte-bpe: byte-level BPE with HF `tokenizers` (the GPT-2/GPT-NeoX design: any text encodes
+  without unknown tokens); written as tokenizer.json.
+- sp-unigram / sp-bpe: sentencepiece with byte fallback; written as .model (+ .vocab).
+
+Special tokens: `<|endoftext|>` (id 0, the document separator that preprocessing appends, as in
+GPT-NeoX) and `<|padding|>` for byte-bpe; sentencepiece gets `<unk>` = 0 and `<|endoftext|>`
+as its end-of-sentence piece = 1.  Both outputs load with `data_pipeline.tokenizer.load_tokenizer`.
+Inputs are read like preprocessing inputs (JSON lines, parquet, save_to_disk folders) plus plain
+`.txt` files (one document per file); records that preprocessing would skip are skipped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import os
+import sys
+from collections.abc import Iterator
+from itertools import chain, islice
+from pathlib import Path
+
+from data_pipeline.encoder import decode_record
+from data_pipeline.sources import InputError, InputSpec, Unreadable, read_batches, resolve_inputs
+
+EOD = "<|endoftext|>"
+PAD = "<|padding|>"
+MODELS = ("byte-bpe", "sp-unigram", "sp-bpe")
+
+
+def resolve_training_inputs(patterns: list[str]) -> tuple[list[str], list[InputSpec]]:
+    """Plain-text files (one document each) and preprocessing inputs; InputError when one is unusable."""
+    texts = [p for p in patterns if p.lower().endswith(".txt")]
+    others = [p for p in patterns if not p.lower().endswith(".txt")]
+    paths: list[str] = []
+    for pattern in texts:
+        matches = sorted(glob.glob(pattern)) if glob.has_magic(pattern) else \
+            ([pattern] if os.path.isfile(pattern) else [])
+        if not matches:
+            raise InputError(f"--input: no input matches {pattern!r}")
+        paths.extend(matches)
+    return paths, resolve_inputs(others) if others else []
+
+
+def iter_texts(patterns: list[str], text_key: str = "text", limit_docs: int | None = None) -> Iterator[str]:
+    """Documents of the inputs, in order; records that preprocessing would skip are skipped."""
+    text_files, specs = resolve_training_inputs(patterns)
+    documents = chain((Path(p).read_text(encoding="utf-8", errors="replace") for p in text_files),
+                      (text for spec in specs for text in _records(spec, text_key)))
+    yield from islice(documents, limit_docs)
+
+
+def _records(spec: InputSpec, text_key: str) -> Iterator[str]:
+    for batch in read_batches(spec, text_key):
+        if isinstance(batch, Unreadable):
+            print(f"warning: skipping the rest of {batch.location}: {batch.message}", file=sys.stderr)
+            continue
+        for item in batch.records():
+            text, _ = decode_record(item, batch.kind == "chunk", text_key)
+            if text is not None:
+                yield text
+
+
+def train_byte_bpe(texts: Iterator[str], vocab_size: int, output: str) -> str:
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    tokenizer.post_processor = processors.ByteLevel(trim_offsets=False)
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, min_frequency=2, special_tokens=[EOD, PAD],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tokenizer.train_from_iterator(texts, trainer=trainer)
+    path = os.path.join(output, "tokenizer.json") if os.path.isdir(output) else output
+    tokenizer.save(path)
+    return path
+
+
+def train_sentencepiece(texts: Iterator[str], vocab_size: int, output: str, model_type: str) -> str:
+    """sentencepiece trains on sentences: documents are fed line by line (it caps sentence length)."""
+    import sentencepiece as spm
+
+    prefix = os.path.join(output, "tokenizer") if os.path.isdir(output) else output.removesuffix(".model")
+    lines = (line for text in texts for line in text.split("\n") if line.strip())
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=lines, model_prefix=prefix, vocab_size=vocab_size, model_type=model_type,
+        character_coverage=0.9995, byte_fallback=True, hard_vocab_limit=False,
+        unk_id=0, eos_id=1, bos_id=-1, pad_id=-1, eos_piece=EOD,
+        input_sentence_size=5_000_000, shuffle_input_sentence=True,
+        num_threads=os.cpu_count() or 1, minloglevel=2)
+    return prefix + ".model"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m data_pipeline.train_tokenizer", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--input", nargs="+", required=True, metavar="PATH_OR_GLOB")
+    parser.add_argument("--text-key", default="text")
+    parser.add_argument("--model", choices=MODELS, default="byte-bpe")
+    parser.add_argument("--vocab-size", type=int, required=True)
+    parser.add_argument("--output", required=True, help="tokenizer.json (byte-bpe) or NAME.model (sp-*)")
+    parser.add_argument("--limit-docs", type=int, default=None)
+    args = parser.parse_args(argv)
+    if args.vocab_size < 300:
+        print("train_tokenizer: error: --vocab-size must be at least 300 (256 bytes + merges)", file=sys.stderr)
+        return 2
+    try:
+        resolve_training_inputs(args.input)
+        Path(args.output).parent.mkdir(parents=True, exist_ok=True)
+    except (InputError, OSError) as err:
+        print(f"train_tokenizer: error: {err}", file=sys.stderr)
+        return 2
+    texts = iter_texts(args.input, args.text_key, args.limit_docs)
+    if args.model == "byte-bpe":
+        path = train_byte_bpe(texts, args.vocab_size, args.output)
+    else:
+        path = train_sentencepiece(texts, args.vocab_size, args.output, args.model.removeprefix("sp-"))
+    from data_pipeline.tokenizer import load_tokenizer
+
+    tokenizer = load_tokenizer(path)
+    print(f"{path}: {tokenizer.vocab_size} tokens, end of text = id {tokenizer.eod_id}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
