@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import signal
 import time
 from dataclasses import dataclass
@@ -32,6 +33,8 @@ from implicit_megatron.train.flops import peak_flops_per_device, step_flops
 from implicit_megatron.train.schedule import learning_rate
 from implicit_megatron.train.tracking import Tracker
 
+NAN_LOSS_AT_STEP = "IMPLICIT_MEGATRON_NAN_LOSS_AT_STEP"  # a step (1-based) whose loss is made NaN
+
 
 @dataclass
 class Progress:
@@ -39,7 +42,7 @@ class Progress:
     consumed_samples: int = 0
     consumed_tokens: int = 0
     phase: str | None = None
-    nonfinite_steps: int = 0  # in a row; DeepSpeed discards their update under bf16/fp16
+    nonfinite_steps: int = 0  # in a row; their updates are skipped
 
 
 def lm_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
@@ -76,6 +79,7 @@ class Trainer:
         self.stop_requested = False
         self.last_eval: dict[str, float] = {}
         self.peak_flops = peak_flops_per_device(cfg)
+        self.nan_loss_at_step = int(os.environ.get(NAN_LOSS_AT_STEP, "0"))
         self.eod_id = load_tokenizer(cfg.data.tokenizer).eod_id if cfg.model.separate_documents else None
 
     # ---------------------------------------------------------------- set-up
@@ -168,9 +172,13 @@ class Trainer:
             batch = next(self.batches)
             inputs, labels = batch[:, :-1].to(self.engine.device), batch[:, 1:].to(self.engine.device)
             loss = lm_loss(self.forward(inputs), labels)
+            if step + 1 == self.nan_loss_at_step:  # fault injection for the tests
+                loss = loss * float("nan")
             self.engine.backward(loss)
             if self.engine.is_gradient_accumulation_boundary():
                 grad_norm = self._grad_norm()
+                if grad_norm is not None and not math.isfinite(grad_norm):
+                    self._drop_gradients()
             self.engine.step()
             losses.append(loss.item())
             stats = self.engine.module.core.last_stats
@@ -274,6 +282,16 @@ class Trainer:
             return None
         grads = [p.grad for p in self.engine.module.parameters() if p.grad is not None]
         return torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g.float()) for g in grads])).item()
+
+    def _drop_gradients(self) -> None:
+        """Keep the parameters where they are under ZeRO-0: zero gradients and a zero learning rate
+        (Adam's moment estimates decay by one step). ZeRO 1-3 discard an update whose gradient norm
+        is not finite themselves."""
+        for param in self.engine.module.parameters():
+            if param.grad is not None:
+                param.grad.zero_()
+        for group in self.engine.optimizer.param_groups:
+            group["lr"] = 0.0
 
     def _on_sigterm(self, signum, frame) -> None:
         self.stop_requested = True

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import signal
 import subprocess
 import sys
@@ -146,3 +147,16 @@ def test_resume_with_another_data_order_is_refused(shakespeare_shards, tmp_path)
     forced = run_torchrun("-m", "implicit_megatron.train", TINY, *args, "train.steps=8",
                           "checkpoint.allow_data_change=true", nproc=1)
     assert forced.returncode == 0, forced.stdout[-3000:]
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize("stage", [0, 2])
+def test_a_nonfinite_step_is_skipped_and_training_goes_on(stage, shakespeare_shards, tmp_path):
+    args = overrides(shakespeare_shards, tmp_path, "train.steps=6", "tracking.enabled=false", "train.eval_interval=6",
+                     f"distributed.zero_stage={stage}")
+    result = run_torchrun("-m", "implicit_megatron.train", TINY, *args, IMPLICIT_MEGATRON_NAN_LOSS_AT_STEP="3")
+    assert result.returncode == 0, result.stdout[-3000:]
+    assert "step 3: non-finite loss (1 in a row)" in result.stdout
+    losses = {step: row["train/loss"] for step, row in records(tmp_path).items()}
+    assert 3 not in losses  # a non-finite step is reported as such, not as metrics
+    assert all(math.isfinite(losses[s]) for s in (1, 2, 4, 5, 6))  # the NaN gradients were never applied
