@@ -1,6 +1,7 @@
 """implicit-megatron: pretraining of implicit (self-iterated) Mamba2 and Llama language models.
 
-Public surface: `load_config(path, overrides)` and `build_model(cfg)`.
+Public surface: `load_config(path, overrides)` and `build_model(cfg)`. Both import lazily, so that
+`python -m implicit_megatron.config` and the training entry start without importing each other.
 """
 
 from __future__ import annotations
@@ -10,14 +11,19 @@ import os
 # Importing MLflow otherwise looks up telemetry on the network; clusters are often offline.
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 
-from implicit_megatron.config import Config, load_config  # noqa: E402
+
+def load_config(path, overrides=(), **kwargs):
+    """Read, override and validate a run config (see implicit_megatron.config.load_config)."""
+    from implicit_megatron.config import load_config as _load
+
+    return _load(path, overrides, **kwargs)
 
 
-def build_model(cfg: Config, device=None, dtype=None):
+def build_model(cfg, device=None, dtype=None):
     """The LanguageModel a config describes (explicit, or wrapped in the implicit core)."""
     from implicit_megatron.builder import build_model as _build
 
     return _build(cfg, device=device, dtype=dtype)
 
 
-__all__ = ["Config", "build_model", "load_config"]
+__all__ = ["build_model", "load_config"]

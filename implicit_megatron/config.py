@@ -246,8 +246,12 @@ def validate(cfg: Config, sources: dict[str, str] | None = None, world_size: int
         raise ConfigError(source_of(sources, key) or cfg.source or "defaults", key, message)
 
     def positive(key: str, value: float) -> None:
-        if value <= 0:
-            fail(key, f"expected a positive value, got {value}")
+        if not value > 0 or value == math.inf:  # rejects NaN too
+            fail(key, f"expected a positive finite value, got {value}")
+
+    def non_negative(key: str, value: float) -> None:
+        if not 0 <= value < math.inf:
+            fail(key, f"expected a finite value >= 0, got {value}")
 
     m = cfg.model
     for key in ("d_model", "n_layers", "vocab_size", "pad_vocab_multiple"):
@@ -278,8 +282,10 @@ def validate(cfg: Config, sources: dict[str, str] | None = None, world_size: int
         fail("implicit.damping", f"expected 0 < damping <= 1, got {im.damping}")
     if im.tol is not None:
         positive("implicit.tol", im.tol)
-    if im.anderson.enabled and im.anderson.window < 1:
-        fail("implicit.anderson.window", "expected at least 1")
+    if im.anderson.enabled:
+        positive("implicit.anderson.window", im.anderson.window)
+        non_negative("implicit.anderson.regularization", im.anderson.regularization)
+        positive("implicit.anderson.mixing", im.anderson.mixing)
 
     _validate_curriculum(cfg, fail)
 
@@ -296,6 +302,20 @@ def validate(cfg: Config, sources: dict[str, str] | None = None, world_size: int
     if not 0 <= cfg.schedule.cooldown_start <= 1:
         fail("schedule.cooldown_start", f"expected a fraction in [0, 1], got {cfg.schedule.cooldown_start}")
     positive("optimizer.lr", cfg.optimizer.lr)
+    non_negative("schedule.min_lr", cfg.schedule.min_lr)
+    non_negative("schedule.warmup_steps", cfg.schedule.warmup_steps)
+    non_negative("optimizer.weight_decay", cfg.optimizer.weight_decay)
+    non_negative("optimizer.grad_clip", cfg.optimizer.grad_clip)
+    non_negative("train.eval_iters", t.eval_iters)
+    positive("checkpoint.interval", cfg.checkpoint.interval)
+    non_negative("checkpoint.keep_last", cfg.checkpoint.keep_last)
+    if not cfg.data.prefixes:
+        fail("data.prefixes", "name at least one shard prefix (the output prefix of data_pipeline.preprocess)")
+    if cfg.distributed.backend == "nccl" and check_files:
+        import torch
+
+        if not torch.cuda.is_available():
+            fail("distributed.backend", "nccl needs GPUs, and none is visible; use auto or gloo")
     if cfg.schedule.min_lr > cfg.optimizer.lr:
         fail("schedule.min_lr", f"{cfg.schedule.min_lr} exceeds the peak optimizer.lr {cfg.optimizer.lr}")
     positive("data.seq_len", cfg.data.seq_len)
@@ -325,6 +345,10 @@ def _validate_curriculum(cfg: Config, fail) -> None:
         fail("curriculum.phases", "a curriculum needs implicit.enabled: true")
     if phases and abs(sum(p.fraction for p in phases) - 1) > 1e-6:
         fail("curriculum.phases", f"fractions must add up to 1, got {sum(p.fraction for p in phases):g}")
+    for i, (phase, start, end) in enumerate(phase_bounds(cfg) if phases else []):
+        if end <= start:
+            fail(f"curriculum.phases[{i}].fraction", f"phase {phase.name!r} gets no step of train.steps "
+                                                     f"{cfg.train.steps}")
     if cfg.curriculum.run_phase is not None and cfg.curriculum.run_phase not in names:
         fail("curriculum.run_phase", f"no phase named {cfg.curriculum.run_phase!r}; phases: {names}")
 

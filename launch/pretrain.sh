@@ -5,40 +5,66 @@
 #   GPUs:   the DeepSpeed launcher, GPUS_PER_NODE processes per node (default: all visible GPUs),
 #           NUM_NODES nodes (default 1; with HOSTFILE, the hosts listed there), MASTER_ADDR/PORT.
 #   No GPU: NPROC CPU processes on gloo (default 1) through torchrun.
-#   Already started by a launcher (RANK and LOCAL_RANK set, e.g. `deepspeed --no_python
-#   launch/pretrain.sh CONFIG` or one `srun` task per GPU): runs this rank directly.
+#   Already started by a launcher (RANK and LOCAL_RANK set, e.g. `deepspeed --no_python --no_local_rank
+#   launch/pretrain.sh CONFIG`, torchrun, or one `srun` task per GPU, whose SLURM_* variables are
+#   mapped): runs this rank directly, without set-up (run scripts/setup.sh once beforehand).
 # Other settings: LAUNCHER_ARGS (extra launcher flags), OMP_NUM_THREADS (default: cores / processes),
 #   PYTHON (the interpreter; default: .venv, set up on first use, or an installed package's python).
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$root"
 
+args=()
+for arg in "$@"; do  # a launcher may add --local_rank=N; LOCAL_RANK in the environment says the same
+  case "$arg" in --local_rank=*|--local-rank=*) ;; *) args+=("$arg") ;; esac
+done
+set -- "${args[@]+"${args[@]}"}"
 config="${1:-configs/quickstart.yaml}"
 [ $# -gt 0 ] && shift
 export MLFLOW_DISABLE_TELEMETRY="${MLFLOW_DISABLE_TELEMETRY:-true}"
 export TOKENIZERS_PARALLELISM="${TOKENIZERS_PARALLELISM:-false}"
 
+# One task per GPU under SLURM (srun --ntasks-per-node=GPUS): each task is one rank.
+if [ -z "${RANK:-}" ] && [ -n "${SLURM_PROCID:-}" ] && [ "${SLURM_NTASKS:-1}" -gt 1 ]; then
+  export RANK="$SLURM_PROCID" LOCAL_RANK="${SLURM_LOCALID:-0}" WORLD_SIZE="$SLURM_NTASKS"
+  export MASTER_ADDR="${MASTER_ADDR:-$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)}"
+  export MASTER_PORT="${MASTER_PORT:-29500}"
+fi
+
 if [ -z "${PYTHON:-}" ]; then
-  if [ ! -x .venv/bin/python ] && python3 -c "import implicit_megatron, torch, deepspeed" 2>/dev/null; then
-    PYTHON=python3  # a cluster image with the project installed
-  else
-    bash scripts/setup.sh
+  if [ -x .venv/bin/python ]; then
     PYTHON="$root/.venv/bin/python"
+  elif python3 -c "import implicit_megatron, torch, deepspeed" 2>/dev/null; then
+    PYTHON=python3  # a cluster image with the project installed
+  elif [ -n "${RANK:-}" ]; then
+    echo "pretrain.sh: no environment on this rank; run 'bash scripts/setup.sh' once before launching" >&2
+    exit 2
   fi
 fi
 
-if [ -n "${RANK:-}" ] && [ -n "${LOCAL_RANK:-}" ]; then
+if [ -n "${RANK:-}" ] && [ -n "${LOCAL_RANK:-}" ]; then  # already started by a launcher: be this rank
   exec "$PYTHON" -m implicit_megatron.train "$config" "$@"
 fi
 
+if [ -z "${PYTHON:-}" ] || [ "$PYTHON" = "$root/.venv/bin/python" ]; then
+  bash scripts/setup.sh  # idempotent: a no-op once .venv is up to date
+  PYTHON="$root/.venv/bin/python"
+fi
+
 gpus="$("$PYTHON" -c 'import torch; print(torch.cuda.device_count() if torch.cuda.is_available() else 0)')"
-nodes="${NUM_NODES:-1}"
 if [ "$gpus" -gt 0 ]; then
   per_node="${GPUS_PER_NODE:-$gpus}"
 else
   per_node="${NPROC:-1}"
 fi
-world=$((nodes * per_node))
+if [ -n "${HOSTFILE:-}" ] && [ -z "${NUM_NODES:-}" ]; then
+  # every host of the hostfile, each with its slots (DeepSpeed's "host slots=N" format)
+  world="$(awk '!/^[[:space:]]*(#|$)/ { n = per; for (i = 2; i <= NF; i++) if ($i ~ /^slots=/) { split($i, a, "="); n = a[2] } s += n } END { print s }' per="$per_node" "$HOSTFILE")"
+  nodes=""
+else
+  nodes="${NUM_NODES:-1}"
+  world=$((nodes * per_node))
+fi
 
 # Refuse a bad config here, before any process starts.
 "$PYTHON" -m implicit_megatron.config "$config" "$@" --world-size "$world" > /dev/null
@@ -48,7 +74,10 @@ export OMP_NUM_THREADS="${OMP_NUM_THREADS:-$(( cores / per_node > 0 ? cores / pe
 port="${MASTER_PORT:-29500}"
 
 if [ "$gpus" -gt 0 ]; then
-  launcher=(deepspeed --num_nodes "$nodes" --num_gpus "$per_node" --master_port "$port")
+  # --no_local_rank: the rank reads LOCAL_RANK from the environment, its arguments stay CONFIG [overrides]
+  launcher=(deepspeed --no_local_rank --master_port "$port")
+  [ -n "$nodes" ] && launcher+=(--num_nodes "$nodes")
+  [ -n "${GPUS_PER_NODE:-}" ] && launcher+=(--num_gpus "$GPUS_PER_NODE")  # else: the visible devices
   [ -n "${HOSTFILE:-}" ] && launcher+=(--hostfile "$HOSTFILE")
   [ -n "${MASTER_ADDR:-}" ] && launcher+=(--master_addr "$MASTER_ADDR")
   # shellcheck disable=SC2206
@@ -58,7 +87,7 @@ if [ "$gpus" -gt 0 ]; then
   exec "${launcher[@]}" --module implicit_megatron.train "$config" "$@"
 fi
 
-if [ "$nodes" -gt 1 ]; then
+if [ "${nodes:-2}" -gt 1 ]; then
   echo "pretrain.sh: NUM_NODES=$nodes without GPUs is not supported; run one launch per node with a launcher" >&2
   exit 2
 fi

@@ -14,6 +14,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m implicit_megatron.train")
     parser.add_argument("config")
     parser.add_argument("overrides", nargs="*")
+    parser.add_argument("--local_rank", "--local-rank", type=int, help=argparse.SUPPRESS)  # LOCAL_RANK is used
     args = parser.parse_args(argv)
     os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
     try:

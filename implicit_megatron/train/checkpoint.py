@@ -61,7 +61,7 @@ def save(engine, cfg: Config, tag: str, client_state: dict) -> Path:
         os._exit(137)
     if rank == 0:
         _write_latest(folder, tag)
-        _prune(folder, cfg.checkpoint.keep_last, keep={tag})
+        _prune(folder, cfg.checkpoint.keep_last, latest=tag)
     dist.barrier()
     return folder / tag
 
@@ -113,16 +113,18 @@ def _check_data_signature(cfg: Config, client_state: dict, where: Path) -> None:
                          "restore those settings or set checkpoint.allow_data_change=true")
 
 
-def _prune(folder: Path, keep_last: int, keep: set[str]) -> None:
-    tags = sorted((p for p in folder.iterdir() if p.is_dir() and _step_of(p.name) is not None),
-                  key=lambda p: _step_of(p.name))
+def _prune(folder: Path, keep_last: int, latest: str) -> None:
+    """Keep the newest `keep_last` complete checkpoints; a newer, incomplete folder left by a crash
+    is never counted (and is overwritten when training reaches its step again)."""
+    newest = _step_of(latest)
+    tags = sorted((p for p in folder.iterdir() if p.is_dir() and _step_of(p.name) is not None
+                   and _step_of(p.name) <= newest), key=lambda p: _step_of(p.name))
     for old in tags[:-keep_last] if keep_last > 0 else []:
-        if old.name not in keep:
-            shutil.rmtree(old, ignore_errors=True)
+        shutil.rmtree(old, ignore_errors=True)
 
 
 def _step_of(tag: str) -> int | None:
-    match = re.search(r"step(\d+)", tag)
+    match = re.search(r"(?:^|-)step(\d+)$", tag)
     return int(match.group(1)) if match else None
 
 

@@ -45,6 +45,9 @@ def deepspeed_config(cfg: Config, world_size: int) -> dict:
         "bf16": {"enabled": precision == "bf16"},
         "fp16": {"enabled": precision == "fp16", "loss_scale": 0, "initial_scale_power": 16},
         "zero_allow_untested_optimizer": True,
+        # Accumulate and reduce bf16 gradients in fp32, as Megatron does (DeepSpeed supports it from ZeRO-1).
+        **({"data_types": {"grad_accum_dtype": "fp32"}}
+           if precision == "bf16" and cfg.distributed.zero_stage >= 1 else {}),
         "steps_per_print": 2**31 - 1,
         "wall_clock_breakdown": False,
     }

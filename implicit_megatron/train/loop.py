@@ -49,10 +49,15 @@ def lm_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits.float().flatten(0, 1), labels.flatten())
 
 
-def mean_over_ranks(values: list[float]) -> list[float]:
-    t = torch.tensor(values, dtype=torch.float64)
-    dist.all_reduce(t)
-    return (t / dist.get_world_size()).tolist()
+def reduce_over_ranks(values: list[float], device: torch.device, op=dist.ReduceOp.SUM) -> list[float]:
+    """All-reduce a few numbers; the tensor lives on the engine's device (NCCL has no CPU backend)."""
+    t = torch.tensor(values, dtype=torch.float64 if device.type == "cpu" else torch.float32, device=device)
+    dist.all_reduce(t, op=op)
+    return t.tolist()
+
+
+def mean_over_ranks(values: list[float], device: torch.device) -> list[float]:
+    return [v / dist.get_world_size() for v in reduce_over_ranks(values, device)]
 
 
 class Trainer:
@@ -136,6 +141,12 @@ class Trainer:
                 self.apply_phase(step)
                 metrics = self.train_step(step)
                 p = self.progress
+                if self._agreed_stop():  # preemption: save at once, skip evaluation (grace periods are short)
+                    if not p.nonfinite_steps:
+                        self.save()
+                    self.log(f"stopped by SIGTERM after step {p.step}")
+                    status = "KILLED"
+                    return
                 if p.nonfinite_steps:
                     self.log(f"step {p.step}: non-finite loss ({p.nonfinite_steps} in a row)")
                     self.tracker.log({"train/nonfinite_steps": p.nonfinite_steps}, p.step)
@@ -148,12 +159,8 @@ class Trainer:
                 if p.step % t.eval_interval == 0 or p.step == end:
                     self.report(self.evaluate())
                 phase_ends = self.phase_at(p.step) is not self.phase_at(p.step - 1)
-                if self._agreed_stop() or p.step % self.cfg.checkpoint.interval == 0 or p.step == end or phase_ends:
+                if p.step % self.cfg.checkpoint.interval == 0 or p.step == end or phase_ends:
                     self.save()
-                if self.stop_requested:
-                    self.log(f"stopped by SIGTERM after step {p.step}; checkpoint saved")
-                    status = "KILLED"
-                    return
             self.summary()
         except BaseException:
             status = "FAILED"
@@ -193,9 +200,8 @@ class Trainer:
         p.consumed_samples += self.cfg.train.global_batch_size
         p.consumed_tokens += tokens
         loss = sum(losses) / len(losses)
-        finite = torch.tensor([1.0 if math.isfinite(loss) else 0.0])
-        dist.all_reduce(finite, op=dist.ReduceOp.MIN)
-        p.nonfinite_steps = 0 if finite.item() else p.nonfinite_steps + 1
+        (finite,) = reduce_over_ranks([1.0 if math.isfinite(loss) else 0.0], self.engine.device, dist.ReduceOp.MIN)
+        p.nonfinite_steps = 0 if finite else p.nonfinite_steps + 1
         metrics = {"train/loss": loss, "train/lr": lr, "train/tokens_per_s": tokens / seconds,
                    "train/consumed_samples": p.consumed_samples}
         grad_norm = self.engine.get_global_grad_norm() if grad_norm is None else grad_norm
@@ -204,10 +210,10 @@ class Trainer:
         if residual:
             metrics.update({"solver/iterations": passes / self.accum, "solver/residual": max(residual),
                             "solver/converged_frac": sum(converged) / len(converged)})
-        if self.peak_flops:
-            local = tokens / self.world
-            flops = step_flops(self.cfg, self.backbone_params, local, self.cfg.data.seq_len,
-                               max(passes, self.accum), phantom or self.accum)
+        if self.peak_flops:  # passes per micro-batch; the explicit model is one pass with gradient
+            solver, with_grad = (passes / self.accum, phantom / self.accum) if residual else (0, 1)
+            flops = step_flops(self.cfg, self.backbone_params, tokens / self.world, self.cfg.data.seq_len,
+                               solver, with_grad)
             metrics["train/mfu"] = flops / seconds / self.peak_flops
         if torch.cuda.is_available():
             metrics["memory/max_allocated_gib"] = torch.cuda.max_memory_allocated() / 2**30
@@ -232,7 +238,7 @@ class Trainer:
         self.engine.train()
         if count == 0:
             return {}
-        loss, passes = mean_over_ranks([total / count, passes / count])
+        loss, passes = mean_over_ranks([total / count, passes / count], self.engine.device)
         self.last_eval = {"val/loss": loss, "val/ppl": math.exp(min(loss, 50.0)), "val/solver_iterations": passes}
         return self.last_eval
 
@@ -250,11 +256,10 @@ class Trainer:
             return
         keys = [k for k in ("train/loss", "train/grad_norm", "solver/iterations", "solver/residual",
                             "solver/converged_frac", "val/loss", "val/solver_iterations") if k in metrics]
-        reduced = dict(zip(keys, mean_over_ranks([metrics[k] for k in keys])))
+        reduced = dict(zip(keys, mean_over_ranks([metrics[k] for k in keys], self.engine.device)))
         if "solver/residual" in metrics:  # the worst rank's residual, not the mean
-            worst = torch.tensor([metrics["solver/residual"]], dtype=torch.float64)
-            dist.all_reduce(worst, op=dist.ReduceOp.MAX)
-            reduced["solver/residual"] = worst.item()
+            (reduced["solver/residual"],) = reduce_over_ranks([metrics["solver/residual"]], self.engine.device,
+                                                              dist.ReduceOp.MAX)
         metrics = {**metrics, **reduced}
         self.tracker.log(metrics, self.progress.step)
         if self.rank == 0:  # a plain record next to the checkpoints, for scripts and tests
@@ -278,8 +283,8 @@ class Trainer:
     def _grad_norm(self) -> float | None:
         """The global gradient norm before clipping where DeepSpeed does not report it (ZeRO-0:
         gradients are whole and already averaged over ranks at the accumulation boundary)."""
-        if self.cfg.distributed.zero_stage != 0:
-            return None
+        if self.cfg.distributed.zero_stage != 0 or self.cfg.distributed.precision != "fp32":
+            return None  # DeepSpeed's optimizer wrappers report the norm and handle overflow themselves
         grads = [p.grad for p in self.engine.module.parameters() if p.grad is not None]
         return torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g.float()) for g in grads])).item()
 
@@ -298,7 +303,6 @@ class Trainer:
 
     def _agreed_stop(self) -> bool:
         """True on every rank when any rank was asked to stop (a checkpoint needs them all)."""
-        flag = torch.tensor([1.0 if self.stop_requested else 0.0])
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-        self.stop_requested = bool(flag.item())
+        (flag,) = reduce_over_ranks([1.0 if self.stop_requested else 0.0], self.engine.device, dist.ReduceOp.MAX)
+        self.stop_requested = bool(flag)
         return self.stop_requested

@@ -7,7 +7,7 @@ from torch import nn
 
 from implicit_megatron.config import OptimizerConfig
 
-NO_DECAY_NAMES = ("A_log", "D", "dt_bias")
+NO_DECAY_NAMES = ("A_log", "D", "dt_bias", "original0")  # original0: a weight-normalised layer's gain
 
 
 def decays(name: str, param: nn.Parameter) -> bool:

@@ -134,6 +134,13 @@ def build_dataclass(cls: type, data: dict, sources: dict[str, str], prefix: str 
             hint = f" (did you mean '{prefix}{close[0]}'?)" if close else ""
             raise ConfigError(source_of(sources, dotted), dotted,
                               f"unknown key{hint}; {cls.__name__} accepts: {', '.join(names)}")
+    required = [f.name for f in dataclasses.fields(cls) if f.init and f.default is dataclasses.MISSING
+                and f.default_factory is dataclasses.MISSING]
+    missing = [name for name in required if name not in data]
+    if missing:
+        where = prefix.rstrip(".")
+        raise ConfigError(source_of(sources, where), where or cls.__name__,
+                          f"missing required key(s) {', '.join(missing)} of {cls.__name__}")
     kwargs = {key: coerce(hints[key], value, sources, f"{prefix}{key}") for key, value in data.items()}
     return cls(**kwargs)
 
@@ -153,7 +160,7 @@ def coerce(tp: Any, value: Any, sources: dict[str, str], dotted: str) -> Any:
                 errors.append(err.message)
         raise ConfigError(source_of(sources, dotted), dotted, " or ".join(errors))
     if origin is Literal:
-        if value in args:
+        if any(value == a and type(value) is type(a) for a in args):  # True is not the stage 1
             return value
         raise ConfigError(source_of(sources, dotted), dotted,
                           f"expected one of {', '.join(map(repr, args))}, got {value!r}")

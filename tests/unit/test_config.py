@@ -152,3 +152,16 @@ def test_cli_prints_config_or_exits_2():
     assert ok.returncode == 0 and "steps: 70" in ok.stdout
     bad = subprocess.run([*cmd, "configs/quickstart.yaml", "train.stepz=7"], cwd=ROOT, capture_output=True, text=True)
     assert bad.returncode == 2 and "train.stepz" in bad.stderr and "command line" in bad.stderr
+
+
+def test_missing_required_key_and_impossible_values():
+    phases = "[{name: a, kind: bounded, max_iter: 4, phantom_steps: 1}]"
+    err = error_of(CONFIGS / "tiny/mamba2-implicit.yaml", [f"curriculum.phases={phases}"])
+    assert err.key == "curriculum.phases[0]" and "missing required key(s) fraction" in err.message
+    for override, key in (("optimizer.lr=.nan", "optimizer.lr"), ("schedule.min_lr=-1.0", "schedule.min_lr"),
+                          ("checkpoint.interval=0", "checkpoint.interval"), ("data.prefixes=[]", "data.prefixes"),
+                          ("distributed.zero_stage=true", "distributed.zero_stage"),
+                          ("train.eval_iters=-1", "train.eval_iters")):
+        assert error_of(CONFIGS / "tiny/mamba2-implicit.yaml", [override]).key == key, override
+    short = error_of(CONFIGS / "tiny/mamba2-implicit.yaml", ["train.steps=2", "schedule.warmup_steps=1"])
+    assert short.key == "curriculum.phases[1].fraction" and "gets no step" in short.message
