@@ -141,6 +141,8 @@ class Trainer:
                 self.apply_phase(step)
                 metrics = self.train_step(step)
                 p = self.progress
+                if not p.nonfinite_steps and (p.step % t.log_interval == 0 or p.step == end):
+                    self.report(metrics)
                 if self._agreed_stop():  # preemption: save at once, skip evaluation (grace periods are short)
                     if not p.nonfinite_steps:
                         self.save()
@@ -154,8 +156,6 @@ class Trainer:
                         raise RuntimeError(f"{p.nonfinite_steps} non-finite losses in a row "
                                            "(train.max_nonfinite_in_row); the last checkpoint before them is intact")
                     continue  # no evaluation and, above all, no checkpoint of a diverged state
-                if p.step % t.log_interval == 0 or p.step == end:
-                    self.report(metrics)
                 if p.step % t.eval_interval == 0 or p.step == end:
                     self.report(self.evaluate())
                 phase_ends = self.phase_at(p.step) is not self.phase_at(p.step - 1)
