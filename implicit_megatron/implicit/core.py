@@ -98,12 +98,15 @@ class ImplicitCore(nn.Module):
     # ------------------------------------------------------------------ sequential mode
 
     @torch.no_grad()
-    def forward_sequential(self, x: torch.Tensor, state=None) -> tuple[torch.Tensor, object, list[SolverStats]]:
+    def forward_sequential(self, x: torch.Tensor, state=None, max_len: int | None = None
+                           ) -> tuple[torch.Tensor, object, list[SolverStats]]:
         """Process x (B, T, d) one token at a time; returns z (B, T, d), the committed state and
-        per-token statistics. `state` continues a previous call (generation); None starts fresh."""
+        per-token statistics. `state` continues a previous call (generation); None starts a fresh
+        one with room for `max_len` tokens (default T; Llama's KV cache needs it, Mamba2's state is
+        constant in size). Packed documents are not separated here: pass one document per row."""
         batch, length, _ = x.shape
         if state is None:
-            state = self.backbone.allocate_state(batch, length, device=x.device, dtype=x.dtype)
+            state = self.backbone.allocate_state(batch, max_len or length, device=x.device, dtype=x.dtype)
         inj = self.injection(x) if self.implicit and self.injection is not None else None
         outputs, stats = [], []
         for t in range(length):
@@ -122,6 +125,8 @@ class ImplicitCore(nn.Module):
         s = self.settings
         cap = s.cap(self.training)
         z, passes = torch.zeros_like(x_t), 0
+        residual = torch.zeros(x_t.shape[0], device=x_t.device)
+        candidate = state
         while passes < cap:
             passes += 1
             f_z, candidate = self.backbone.step(z, state, inj_t)

@@ -77,26 +77,26 @@ def solve(f: Function, z0: torch.Tensor, max_iter: int, tol: float | None,
 class _AndersonHistory:
     """Anderson acceleration (type II) over the last `window` iterates, per sample.
 
-    Solves min_a ||sum_i a_i (F(x_i) - x_i)||^2 subject to sum_i a_i = 1 (with Tikhonov
-    regularisation) and mixes x_next = beta * sum a_i F(x_i) + (1 - beta) * sum a_i x_i.
-    A singular system falls back to the plain iterate F(x) for that pass.
+    Solves min_a ||sum_i a_i g_i||^2 subject to sum_i a_i = 1, with g_i = F(x_i) - x_i and Tikhonov
+    regularisation, then mixes x_next = sum_i a_i (F(x_i) - (1 - beta) g_i). The history stays in
+    the iterate's dtype; only the small (window + 1)^2 system is solved in float64. A singular
+    system falls back to the plain iterate F(x) for that pass.
     """
 
     def __init__(self, settings: AndersonSettings):
         self.settings = settings
-        self.xs: list[torch.Tensor] = []
-        self.fs: list[torch.Tensor] = []
+        self.fs: list[torch.Tensor] = []  # F(x_i), flattened per sample
+        self.gs: list[torch.Tensor] = []  # g_i
 
     def next_iterate(self, x: torch.Tensor, f_x: torch.Tensor) -> torch.Tensor:
-        self.xs = [*self.xs, x.flatten(1)][-self.settings.window:]
-        self.fs = [*self.fs, f_x.flatten(1)][-self.settings.window:]
-        m = len(self.xs)
+        window = self.settings.window
+        self.fs = [*self.fs, f_x.flatten(1)][-window:]
+        self.gs = [*self.gs, (f_x - x).flatten(1)][-window:]
+        m = len(self.fs)
         if m < 2:
             return f_x
-        X = torch.stack(self.xs, dim=1).double()  # (B, m, n)
-        F = torch.stack(self.fs, dim=1).double()
-        G = F - X
-        gram = G @ G.transpose(1, 2)  # (B, m, m)
+        G = torch.stack(self.gs, dim=1)  # (B, m, n)
+        gram = torch.einsum("bin,bjn->bij", G.float(), G.float()).double()
         batch = gram.shape[0]
         system = torch.zeros(batch, m + 1, m + 1, dtype=gram.dtype, device=gram.device)
         system[:, 0, 1:] = 1
@@ -109,7 +109,7 @@ class _AndersonHistory:
         solution, info = torch.linalg.solve_ex(system, rhs)
         if bool((info != 0).any()) or not torch.isfinite(solution).all():
             return f_x
-        alpha = solution[:, 1:]  # (B, m, 1)
-        beta = self.settings.mixing
-        mixed = beta * (alpha * F).sum(1) + (1 - beta) * (alpha * X).sum(1)
-        return mixed.to(x.dtype).view_as(x)
+        alpha = solution[:, 1:].to(G.dtype)  # (B, m, 1)
+        F = torch.stack(self.fs, dim=1)
+        mixed = (alpha * (F - (1 - self.settings.mixing) * G)).sum(1)
+        return mixed.view_as(x)
