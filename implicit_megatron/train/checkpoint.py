@@ -21,6 +21,7 @@ import torch.distributed as dist
 from implicit_megatron.config import Config
 
 LATEST = "latest"
+UNIVERSAL_INFO = "universal_checkpoint_info"
 CRASH_BEFORE_LATEST = "IMPLICIT_MEGATRON_CRASH_BEFORE_LATEST"  # a tag: exit after writing it, before `latest`
 
 
@@ -52,7 +53,9 @@ def data_signature(cfg: Config) -> dict:
 def save(engine, cfg: Config, tag: str, client_state: dict) -> Path:
     """Save on every rank; move `latest` once all ranks are done; prune beyond keep_last."""
     folder = checkpoint_dir(cfg)
-    client_state = {**client_state, "config": cfg.to_dict(), "data_signature": data_signature(cfg)}
+    client_state = {**client_state, "config": cfg.to_dict(), "data_signature": data_signature(cfg),
+                    # lets DeepSpeed's ds_to_universal convert it (pure data parallelism: no TP/PP patterns)
+                    UNIVERSAL_INFO: {"universal_checkpoint_version": 0.4}}
     engine.save_checkpoint(str(folder), tag=tag, client_state=client_state, save_latest=False)
     rank = dist.get_rank()
     torch.save(_rng_state(), folder / tag / f"rng_rank{rank}.pt")
