@@ -1,7 +1,8 @@
 """implicit-megatron: pretraining of implicit (self-iterated) Mamba2 and Llama language models.
 
-Public surface: `load_config(path, overrides)` and `build_model(cfg)`. Both import lazily, so that
-`python -m implicit_megatron.config` and the training entry start without importing each other.
+Public surface: `load_config(path, overrides)`, `build_model(cfg)` and `from_pretrained(folder)`.
+They import lazily, so that `python -m implicit_megatron.config` and the training entry start
+without importing each other.
 """
 
 from __future__ import annotations
@@ -26,4 +27,11 @@ def build_model(cfg, device=None, dtype=None):
     return _build(cfg, device=device, dtype=dtype)
 
 
-__all__ = ["build_model", "load_config"]
+def from_pretrained(folder, device=None, dtype=None):
+    """A model from a folder written by `tools/convert_checkpoint.py export`."""
+    from implicit_megatron.export import from_pretrained as _load
+
+    return _load(folder, device=device, dtype=dtype)
+
+
+__all__ = ["build_model", "from_pretrained", "load_config"]
