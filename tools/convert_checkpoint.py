@@ -1,9 +1,12 @@
 """Convert checkpoints of implicit_megatron.train.
 
     python tools/convert_checkpoint.py export CKPT_DIR OUT_DIR [--tag T] [--dtype fp32|bf16]
+    python tools/convert_checkpoint.py import SRC OUT_DIR [--base-config CONFIG]
 
 `export` writes model.safetensors + config.json + the tokenizer file, a folder that
 `implicit_megatron.from_pretrained(OUT_DIR)` loads. CKPT_DIR is a run's `checkpoints/` folder.
+`import` reads an explicit Mamba2 (transformers or mamba_ssm) or Llama (transformers) folder and
+writes the same kind of folder; with an implicit --base-config the injection starts fresh.
 """
 
 from __future__ import annotations
@@ -23,15 +26,23 @@ def main(argv: list[str] | None = None) -> int:
     exp.add_argument("out_dir")
     exp.add_argument("--tag", default=None, help="checkpoint tag (default: the one 'latest' names)")
     exp.add_argument("--dtype", choices=("fp32", "bf16"), default="fp32")
+    imp = commands.add_parser("import", help="weights of an explicit Mamba2 or Llama folder")
+    imp.add_argument("src")
+    imp.add_argument("out_dir")
+    imp.add_argument("--base-config", default=None, help="our config for everything but the model's shape")
     args = parser.parse_args(argv)
     from implicit_megatron.export import export
+    from implicit_megatron.import_weights import import_explicit
 
     try:
-        out = export(args.ckpt_dir, args.out_dir, tag=args.tag, dtype=args.dtype)
+        if args.command == "export":
+            out = export(args.ckpt_dir, args.out_dir, tag=args.tag, dtype=args.dtype)
+        else:
+            out = import_explicit(args.src, args.out_dir, args.base_config)
     except (FileNotFoundError, ValueError, RuntimeError) as err:
         print(f"convert_checkpoint: {err}", file=sys.stderr)
         return 2
-    print(f"exported {args.ckpt_dir} -> {out}")
+    print(f"{args.command}ed -> {out}")
     return 0
 
 

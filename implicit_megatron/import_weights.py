@@ -1,0 +1,117 @@
+"""Weights in from explicit Mamba2 and Llama models, so that an implicit run can start from them.
+
+Reads a folder with `config.json` and `model.safetensors` (or `pytorch_model.bin`) written by
+`transformers` (Mamba2ForCausalLM, LlamaForCausalLM) or by mamba_ssm (MambaLMHeadModel), and
+writes one that `from_pretrained` loads. With a base config naming an implicit model, the
+injection module keeps its fresh initialisation; everything else comes from the source.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from implicit_megatron.builder import build_model
+from implicit_megatron.config import Config, load_config
+from implicit_megatron.export import CONFIG_FILE, MODEL_FILE
+
+
+def _read_source(src: Path) -> tuple[dict, dict[str, torch.Tensor]]:
+    if not (src / "config.json").is_file():
+        raise FileNotFoundError(f"{src}: no config.json")
+    hf = json.loads((src / "config.json").read_text())
+    if (src / "model.safetensors").is_file():
+        from safetensors.torch import load_file
+
+        return hf, load_file(str(src / "model.safetensors"))
+    if (src / "pytorch_model.bin").is_file():
+        return hf, torch.load(src / "pytorch_model.bin", map_location="cpu", weights_only=True)
+    raise FileNotFoundError(f"{src}: no model.safetensors or pytorch_model.bin")
+
+
+def _model_settings(hf: dict) -> tuple[list[str], dict[str, str]]:
+    """Overrides for our model section, and the renaming of the source's top-level prefixes."""
+    if hf.get("model_type") == "llama":
+        if hf.get("mlp_bias"):
+            raise ValueError("config.json: mlp_bias=true is not supported (Llama MLPs have no biases here)")
+        theta = hf.get("rope_theta") or (hf.get("rope_parameters") or {}).get("rope_theta", 10000.0)
+        heads = hf["num_attention_heads"]
+        if hf.get("head_dim", hf["hidden_size"] // heads) * heads != hf["hidden_size"]:
+            raise ValueError("config.json: head_dim x num_attention_heads must equal hidden_size")
+        overrides = ["model.arch=llama", f"model.d_model={hf['hidden_size']}",
+                     f"model.n_layers={hf['num_hidden_layers']}", f"model.norm_eps={hf['rms_norm_eps']}",
+                     f"model.llama.n_heads={heads}",
+                     f"model.llama.n_kv_heads={hf.get('num_key_value_heads', heads)}",
+                     f"model.llama.ffn_dim={hf['intermediate_size']}", f"model.llama.rope_theta={float(theta)}",
+                     f"model.llama.attention_bias={str(bool(hf.get('attention_bias', False))).lower()}"]
+        return overrides, {"model.embed_tokens.": "embedding.", "model.layers.": "core.backbone.layers.",
+                           "model.norm.": "core.backbone.norm_f.", "lm_head.": "lm_head."}
+    if hf.get("model_type") == "mamba2":
+        if hf.get("norm_before_gate", False) or not hf.get("rms_norm", True):
+            raise ValueError("config.json: only Mamba2 with a gated RMSNorm after the gate is supported")
+        overrides = ["model.arch=mamba2", f"model.d_model={hf['hidden_size']}",
+                     f"model.n_layers={hf['num_hidden_layers']}", f"model.norm_eps={hf['layer_norm_epsilon']}",
+                     f"model.mamba2.d_state={hf['state_size']}", f"model.mamba2.expand={hf['expand']}",
+                     f"model.mamba2.headdim={hf['head_dim']}", f"model.mamba2.ngroups={hf['n_groups']}",
+                     f"model.mamba2.d_conv={hf['conv_kernel']}", f"model.mamba2.chunk_size={hf['chunk_size']}",
+                     f"model.mamba2.bias={str(bool(hf.get('use_bias', False))).lower()}",
+                     f"model.mamba2.conv_bias={str(bool(hf.get('use_conv_bias', True))).lower()}"]
+        return overrides, {"backbone.embeddings.": "embedding.", "backbone.layers.": "core.backbone.layers.",
+                           "backbone.norm_f.": "core.backbone.norm_f.", "lm_head.": "lm_head."}
+    if "d_model" in hf and "ssm_cfg" in hf:  # mamba_ssm's MambaLMHeadModel
+        ssm = hf["ssm_cfg"]
+        if ssm.get("layer", "Mamba2") != "Mamba2" or hf.get("d_intermediate", 0):
+            raise ValueError("config.json: only mamba_ssm Mamba2 models without MLP blocks are supported")
+        overrides = ["model.arch=mamba2", f"model.d_model={hf['d_model']}", f"model.n_layers={hf['n_layer']}",
+                     f"model.mamba2.d_state={ssm.get('d_state', 128)}", f"model.mamba2.expand={ssm.get('expand', 2)}",
+                     f"model.mamba2.headdim={ssm.get('headdim', 64)}", f"model.mamba2.ngroups={ssm.get('ngroups', 1)}",
+                     f"model.mamba2.d_conv={ssm.get('d_conv', 4)}",
+                     f"model.mamba2.chunk_size={ssm.get('chunk_size', 256)}"]
+        return overrides, {"backbone.embedding.": "embedding.", "backbone.layers.": "core.backbone.layers.",
+                           "backbone.norm_f.": "core.backbone.norm_f.", "lm_head.": "lm_head."}
+    raise ValueError(f"config.json: model_type {hf.get('model_type')!r} is neither a transformers Mamba2/Llama "
+                     "nor a mamba_ssm Mamba2 model")
+
+
+def import_explicit(src: str | Path, out_dir: str | Path, base_config: str | Path | None = None) -> Path:
+    """Write our folder for the explicit model at `src` (made implicit when `base_config` says so)."""
+    from safetensors.torch import save_file
+
+    src, out = Path(src), Path(out_dir)
+    hf, weights = _read_source(src)
+    overrides, prefixes = _model_settings(hf)
+    tied = hf.get("tie_embeddings", hf.get("tie_word_embeddings", True))
+    vocab = hf["vocab_size"]
+    overrides += [f"model.vocab_size={vocab}", "model.pad_vocab_multiple=1",
+                  f"model.tie_embeddings={str(bool(tied)).lower()}", "implicit.weight_norm=false"]
+    default_base = Path(__file__).resolve().parents[1] / "configs/tiny/llama-explicit.yaml"  # any explicit config
+    cfg: Config = load_config(Path(base_config) if base_config else default_base, overrides, check_files=False)
+    state = {}
+    for name, tensor in weights.items():
+        prefix = next((p for p in prefixes if name.startswith(p)), None)
+        if prefix is None:
+            raise ValueError(f"{src}: unexpected tensor {name!r}")
+        if prefix == "lm_head." and tied:
+            continue
+        state[prefixes[prefix] + name[len(prefix):]] = tensor
+    if "embedding.weight" in state and state["embedding.weight"].shape[0] != vocab:
+        cfg.model.vocab_size = state["embedding.weight"].shape[0]  # mamba_ssm stores the padded vocabulary
+    model = build_model(cfg)
+    expected = model.state_dict()
+    for name, tensor in state.items():
+        if name not in expected:
+            raise ValueError(f"{src}: tensor {name!r} has no place in the model")
+        if tensor.shape != expected[name].shape:
+            raise ValueError(f"{src}: tensor {name!r} has shape {tuple(tensor.shape)}, the model expects "
+                             f"{tuple(expected[name].shape)}")
+    missing = [k for k in expected if k not in state and not k.startswith("core.injection.")]
+    if missing:
+        raise ValueError(f"{src}: tensors missing for {missing[:5]}")
+    model.load_state_dict({**expected, **state}, strict=True)
+    out.mkdir(parents=True, exist_ok=True)
+    save_file({k: v.detach().float().contiguous() for k, v in model.state_dict().items()}, str(out / MODEL_FILE),
+              metadata={"format": "pt"})
+    (out / CONFIG_FILE).write_text(json.dumps(cfg.to_dict(), indent=2))
+    return out

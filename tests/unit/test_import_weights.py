@@ -1,0 +1,61 @@
+"""Importing explicit transformers Mamba2 and Llama models: our model gives their logits."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM, Mamba2Config, Mamba2ForCausalLM
+
+from implicit_megatron import from_pretrained
+from implicit_megatron.import_weights import import_explicit
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def random_reference(arch: str):
+    torch.manual_seed(0)
+    if arch == "mamba2":
+        model = Mamba2ForCausalLM(Mamba2Config(
+            vocab_size=128, hidden_size=64, num_hidden_layers=2, state_size=16, expand=2, head_dim=16, num_heads=8,
+            n_groups=2, conv_kernel=4, chunk_size=16, tie_word_embeddings=True))
+    else:
+        model = LlamaForCausalLM(LlamaConfig(
+            vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, tie_word_embeddings=True, attn_implementation="sdpa"))
+    with torch.no_grad():
+        for p in model.parameters():  # random weights, not the init: every tensor must arrive
+            p.normal_(0.0, 0.1)
+    return model.eval()
+
+
+@pytest.mark.parametrize("arch", ["mamba2", "llama"])
+def test_imported_model_gives_the_reference_logits(arch, tmp_path):
+    ref = random_reference(arch)
+    ref.save_pretrained(tmp_path / "src")
+    import_explicit(tmp_path / "src", tmp_path / "ours")
+    ours = from_pretrained(tmp_path / "ours")
+    ids = torch.randint(0, 128, (2, 21))
+    with torch.no_grad():
+        expected, got = ref(ids).logits, ours(ids)
+    assert (got - expected).abs().max().item() < 1e-5 * expected.abs().max().item()
+
+
+def test_import_into_an_implicit_config_keeps_a_fresh_injection(tmp_path):
+    ref = random_reference("mamba2")
+    ref.save_pretrained(tmp_path / "src")
+    import_explicit(tmp_path / "src", tmp_path / "ours", ROOT / "configs/tiny/mamba2-implicit.yaml")
+    ours = from_pretrained(tmp_path / "ours")
+    assert ours.core.implicit and ours.core.injection is not None
+    embedding = ref.backbone.embeddings.weight
+    assert torch.equal(ours.embedding.weight, embedding)
+
+
+def test_shape_mismatch_names_the_tensor(tmp_path):
+    ref = random_reference("llama")
+    ref.save_pretrained(tmp_path / "src")
+    config = (tmp_path / "src" / "config.json")
+    config.write_text(config.read_text().replace('"intermediate_size": 96', '"intermediate_size": 128'))
+    with pytest.raises(ValueError, match=r"tensor 'core\.backbone\.layers\.0\.mlp\.\w+_proj\.weight' has shape"):
+        import_explicit(tmp_path / "src", tmp_path / "ours")
