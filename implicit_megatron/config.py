@@ -121,7 +121,6 @@ class DataConfig:
     seq_len: int = 2048
     seed: int = 1234
     source: str | None = None  # raw text to build missing shards from (the quickstart corpus)
-    num_workers: int = 1
 
 
 @dataclass
@@ -172,7 +171,6 @@ class CheckpointConfig:
     keep_last: int = 3
     load: str | None = None  # start from this checkpoint folder (phase handoff, fine-tuning)
     load_optimizer: bool = True
-    load_scheduler: bool = True
     load_data_state: bool = True
     allow_data_change: bool = False  # resume although data, sequence length or batch size changed
 

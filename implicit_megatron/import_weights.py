@@ -31,6 +31,16 @@ def _read_source(src: Path) -> tuple[dict, dict[str, torch.Tensor]]:
     raise FileNotFoundError(f"{src}: no model.safetensors or pytorch_model.bin")
 
 
+def _mamba2_overrides(d_model, n_layers, eps, d_state, expand, headdim, ngroups, d_conv, chunk_size, bias,
+                      conv_bias) -> list[str]:
+    flag = lambda value: str(bool(value)).lower()  # noqa: E731
+    return ["model.arch=mamba2", f"model.d_model={d_model}", f"model.n_layers={n_layers}", f"model.norm_eps={eps}",
+            f"model.mamba2.d_state={d_state}", f"model.mamba2.expand={expand}", f"model.mamba2.headdim={headdim}",
+            f"model.mamba2.ngroups={ngroups}", f"model.mamba2.d_conv={d_conv}",
+            f"model.mamba2.chunk_size={chunk_size}", f"model.mamba2.bias={flag(bias)}",
+            f"model.mamba2.conv_bias={flag(conv_bias)}"]
+
+
 def _model_settings(hf: dict) -> tuple[list[str], dict[str, str]]:
     """Overrides for our model section, and the renaming of the source's top-level prefixes."""
     if hf.get("model_type") == "llama":
@@ -51,24 +61,20 @@ def _model_settings(hf: dict) -> tuple[list[str], dict[str, str]]:
     if hf.get("model_type") == "mamba2":
         if hf.get("norm_before_gate", False) or not hf.get("rms_norm", True):
             raise ValueError("config.json: only Mamba2 with a gated RMSNorm after the gate is supported")
-        overrides = ["model.arch=mamba2", f"model.d_model={hf['hidden_size']}",
-                     f"model.n_layers={hf['num_hidden_layers']}", f"model.norm_eps={hf['layer_norm_epsilon']}",
-                     f"model.mamba2.d_state={hf['state_size']}", f"model.mamba2.expand={hf['expand']}",
-                     f"model.mamba2.headdim={hf['head_dim']}", f"model.mamba2.ngroups={hf['n_groups']}",
-                     f"model.mamba2.d_conv={hf['conv_kernel']}", f"model.mamba2.chunk_size={hf['chunk_size']}",
-                     f"model.mamba2.bias={str(bool(hf.get('use_bias', False))).lower()}",
-                     f"model.mamba2.conv_bias={str(bool(hf.get('use_conv_bias', True))).lower()}"]
+        overrides = _mamba2_overrides(
+            hf["hidden_size"], hf["num_hidden_layers"], hf["layer_norm_epsilon"], hf["state_size"], hf["expand"],
+            hf["head_dim"], hf["n_groups"], hf["conv_kernel"], hf["chunk_size"], hf.get("use_bias", False),
+            hf.get("use_conv_bias", True))
         return overrides, {"backbone.embeddings.": "embedding.", "backbone.layers.": "core.backbone.layers.",
                            "backbone.norm_f.": "core.backbone.norm_f.", "lm_head.": "lm_head."}
     if "d_model" in hf and "ssm_cfg" in hf:  # mamba_ssm's MambaLMHeadModel
         ssm = hf["ssm_cfg"]
         if ssm.get("layer", "Mamba2") != "Mamba2" or hf.get("d_intermediate", 0):
             raise ValueError("config.json: only mamba_ssm Mamba2 models without MLP blocks are supported")
-        overrides = ["model.arch=mamba2", f"model.d_model={hf['d_model']}", f"model.n_layers={hf['n_layer']}",
-                     f"model.mamba2.d_state={ssm.get('d_state', 128)}", f"model.mamba2.expand={ssm.get('expand', 2)}",
-                     f"model.mamba2.headdim={ssm.get('headdim', 64)}", f"model.mamba2.ngroups={ssm.get('ngroups', 1)}",
-                     f"model.mamba2.d_conv={ssm.get('d_conv', 4)}",
-                     f"model.mamba2.chunk_size={ssm.get('chunk_size', 256)}"]
+        overrides = _mamba2_overrides(
+            hf["d_model"], hf["n_layer"], 1e-5, ssm.get("d_state", 128), ssm.get("expand", 2), ssm.get("headdim", 64),
+            ssm.get("ngroups", 1), ssm.get("d_conv", 4), ssm.get("chunk_size", 256), ssm.get("bias", False),
+            ssm.get("conv_bias", True))
         return overrides, {"backbone.embedding.": "embedding.", "backbone.layers.": "core.backbone.layers.",
                            "backbone.norm_f.": "core.backbone.norm_f.", "lm_head.": "lm_head."}
     raise ValueError(f"config.json: model_type {hf.get('model_type')!r} is neither a transformers Mamba2/Llama "
