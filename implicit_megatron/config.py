@@ -142,6 +142,15 @@ class ScheduleConfig:
 
 
 @dataclass
+class PhaseLaunchConfig:
+    """How launch/curriculum.sh starts a phase; unset values keep the environment's (NUM_NODES, ...)."""
+
+    num_nodes: int | None = None
+    processes_per_node: int | None = None  # GPUs per node; CPU processes where there is no GPU
+    hostfile: str | None = None
+
+
+@dataclass
 class PhaseConfig:
     name: str
     kind: Literal["bounded", "free"]
@@ -149,6 +158,10 @@ class PhaseConfig:
     max_iter: int
     phantom_steps: int
     tol: float | None = None  # required in a free phase, forbidden in a bounded one
+    # A phase run as a launch of its own (curriculum.run_phase) may change these:
+    zero_stage: Literal[0, 1, 2, 3] | None = None  # replaces distributed.zero_stage
+    micro_batch_size: int | None = None  # replaces train.micro_batch_size
+    launch: PhaseLaunchConfig = field(default_factory=PhaseLaunchConfig)
 
 
 @dataclass
@@ -231,8 +244,22 @@ def load_config(path: str | os.PathLike, overrides: list[str] | tuple[str, ...] 
     data, sources = apply_overrides(data, sources, list(overrides))
     cfg = build_dataclass(Config, data, sources)
     cfg.source = str(path)
+    _apply_run_phase(cfg, sources)
     validate(cfg, sources, world_size=world_size, check_files=check_files)
     return cfg
+
+
+def _apply_run_phase(cfg: Config, sources: dict[str, str]) -> None:
+    """A phase launched on its own brings its ZeRO stage and micro batch; everything else is shared."""
+    for i, phase in enumerate(cfg.curriculum.phases):
+        if phase.name != cfg.curriculum.run_phase:
+            continue
+        if phase.zero_stage is not None:
+            cfg.distributed.zero_stage = phase.zero_stage
+            sources["distributed.zero_stage"] = source_of(sources, f"curriculum.phases[{i}].zero_stage") or ""
+        if phase.micro_batch_size is not None:
+            cfg.train.micro_batch_size = phase.micro_batch_size
+            sources["train.micro_batch_size"] = source_of(sources, f"curriculum.phases[{i}].micro_batch_size") or ""
 
 
 def validate(cfg: Config, sources: dict[str, str] | None = None, world_size: int | None = None,
@@ -339,6 +366,15 @@ def _validate_curriculum(cfg: Config, fail) -> None:
             fail(f"{key}.max_iter", "max_iter and phantom_steps must be at least 1")
         if not 0 < phase.fraction <= 1:
             fail(f"{key}.fraction", f"expected a fraction in (0, 1], got {phase.fraction}")
+        own = [k for k in ("zero_stage", "micro_batch_size") if getattr(phase, k) is not None]
+        if own and cfg.curriculum.run_phase is None:
+            fail(f"{key}.{own[0]}", "a phase with its own settings needs a launch of its own: run the curriculum "
+                                    "with launch/curriculum.sh (or set curriculum.run_phase)")
+        if phase.micro_batch_size is not None and phase.micro_batch_size < 1:
+            fail(f"{key}.micro_batch_size", f"expected a positive value, got {phase.micro_batch_size}")
+        for k in ("num_nodes", "processes_per_node"):
+            if getattr(phase.launch, k) is not None and getattr(phase.launch, k) < 1:
+                fail(f"{key}.launch.{k}", f"expected a positive value, got {getattr(phase.launch, k)}")
     if phases and not cfg.implicit.enabled:
         fail("curriculum.phases", "a curriculum needs implicit.enabled: true")
     if phases and abs(sum(p.fraction for p in phases) - 1) > 1e-6:

@@ -19,19 +19,14 @@ import torch
 import torch.distributed as dist
 
 from implicit_megatron.config import Config
+from implicit_megatron.train.handoff import LATEST, UNIVERSAL, Source, read_client_state
 
-LATEST = "latest"
 UNIVERSAL_INFO = "universal_checkpoint_info"
 CRASH_BEFORE_LATEST = "IMPLICIT_MEGATRON_CRASH_BEFORE_LATEST"  # a tag: exit after writing it, before `latest`
 
 
 def checkpoint_dir(cfg: Config) -> Path:
     return Path(cfg.output_dir) / "checkpoints"
-
-
-def read_latest(folder: Path) -> str | None:
-    path = folder / LATEST
-    return path.read_text().strip() if path.is_file() else None
 
 
 def _write_latest(folder: Path, tag: str) -> None:
@@ -69,40 +64,34 @@ def save(engine, cfg: Config, tag: str, client_state: dict) -> Path:
     return folder / tag
 
 
-def load(engine, cfg: Config) -> dict | None:
-    """Resume from our own `latest`, else start from `checkpoint.load`; None when neither exists.
+def load(engine, cfg: Config, source: Source) -> dict:
+    """Load `source` (see handoff.find_source) into the engine; returns the client state.
 
-    Returns the client state. A resume (same run) restores everything; a start from another
-    run's checkpoint (a phase handoff) restores what checkpoint.load_* ask for.
+    A resume restores everything; a handoff or a start from checkpoint.load restores what
+    checkpoint.load_* ask for. Weights-only starts were loaded into the model before the engine
+    was built (handoff.consolidated_weights), so only the client state is read here.
     """
-    own = checkpoint_dir(cfg)
-    tag = read_latest(own)
-    resuming = tag is not None
-    folder = own
-    if not resuming and cfg.checkpoint.load:
-        folder = Path(cfg.checkpoint.load)
-        tag = read_latest(folder) if (folder / LATEST).is_file() else None
-        if tag is None and (folder.parent / LATEST).is_file():  # a tag folder was named directly
-            folder, tag = folder.parent, folder.name
-        if tag is None:
-            raise FileNotFoundError(f"checkpoint.load={cfg.checkpoint.load}: no '{LATEST}' file and not a tag "
-                                    "folder of a checkpoint directory")
-    if tag is None:
-        return None
-    c = cfg.checkpoint
-    load_optimizer = resuming or c.load_optimizer
-    _, client_state = engine.load_checkpoint(
-        str(folder), tag=tag, load_optimizer_states=load_optimizer, load_lr_scheduler_states=False,
-        load_module_only=not load_optimizer)
-    if client_state is None:
-        raise RuntimeError(f"{folder / tag}: DeepSpeed could not load this checkpoint")
-    if resuming or c.load_data_state:
-        _check_data_signature(cfg, client_state, folder / tag)
-    rng = folder / tag / f"rng_rank{dist.get_rank()}.pt"
-    if resuming and rng.is_file():
+    if source.how == "pretrained":
+        return {"loaded_from": str(source.folder)}
+    if source.how == "weights":
+        client_state = read_client_state(source.path)
+    else:
+        folder, tag = (source.path, UNIVERSAL) if source.how == "universal" else (source.folder, source.tag)
+        # The optimizer's hyperparameters come from this run's config (DeepSpeed's ZeRO-3 universal
+        # load would give every parameter group the first group's weight decay); the LR is set per step.
+        groups = [{k: v for k, v in g.items() if k != "params"} for g in engine.optimizer.param_groups]
+        _, client_state = engine.load_checkpoint(str(folder), tag=tag, load_optimizer_states=True,
+                                                 load_lr_scheduler_states=False)
+        if client_state is None:
+            raise RuntimeError(f"{source.path}: DeepSpeed could not load this checkpoint")
+        for group, settings in zip(engine.optimizer.param_groups, groups):
+            group.update(settings)
+    if source.load_data_state:
+        _check_data_signature(cfg, client_state, source.path)
+    rng = source.path / f"rng_rank{dist.get_rank()}.pt"
+    if source.resuming and source.saved.world_size == dist.get_world_size() and rng.is_file():
         _set_rng_state(torch.load(rng, weights_only=False))
-    client_state["resumed"] = resuming
-    client_state["loaded_from"] = str(folder / tag)
+    client_state["loaded_from"] = str(source.path)
     return client_state
 
 

@@ -32,7 +32,7 @@ def init_distributed(cfg: Config) -> None:
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
 
 
-def deepspeed_config(cfg: Config, world_size: int) -> dict:
+def deepspeed_config(cfg: Config, world_size: int, load_universal: bool = False) -> dict:
     t = cfg.train
     accumulation = t.global_batch_size // (t.micro_batch_size * world_size)
     precision = cfg.distributed.precision
@@ -48,12 +48,14 @@ def deepspeed_config(cfg: Config, world_size: int) -> dict:
         # Accumulate and reduce bf16 gradients in fp32, as Megatron does (DeepSpeed supports it from ZeRO-1).
         **({"data_types": {"grad_accum_dtype": "fp32"}}
            if precision == "bf16" and cfg.distributed.zero_stage >= 1 else {}),
+        # Loading a checkpoint saved at another world size or ZeRO stage (see train/handoff.py).
+        **({"checkpoint": {"load_universal": True}} if load_universal else {}),
         "steps_per_print": 2**31 - 1,
         "wall_clock_breakdown": False,
     }
 
 
-def build_engine(cfg: Config, model: nn.Module):
+def build_engine(cfg: Config, model: nn.Module, load_universal: bool = False):
     """Wrap `model` in a DeepSpeed engine with torch's AdamW; returns the engine."""
     import deepspeed
 
@@ -62,5 +64,5 @@ def build_engine(cfg: Config, model: nn.Module):
     if torch.cuda.is_available():
         model = model.cuda()
     engine, *_ = deepspeed.initialize(model=model, optimizer=build_optimizer(model, cfg.optimizer),
-                                      config=deepspeed_config(cfg, world_size))
+                                      config=deepspeed_config(cfg, world_size, load_universal))
     return engine

@@ -26,7 +26,7 @@ from data_pipeline.tokenizer import load_tokenizer
 from implicit_megatron.builder import build_model
 from implicit_megatron.config import Config, PhaseConfig, phase_bounds
 from implicit_megatron.models.lm import seq_idx_from_eod
-from implicit_megatron.train import checkpoint
+from implicit_megatron.train import checkpoint, handoff
 from implicit_megatron.train.data import prepare_shards, train_batches, valid_dataset
 from implicit_megatron.train.engine import build_engine, init_distributed
 from implicit_megatron.train.flops import peak_flops_per_device, step_flops
@@ -75,7 +75,9 @@ class Trainer:
         self.model = build_model(cfg)
         self.model.core.backbone.checkpoint_layers = cfg.distributed.activation_checkpointing
         self.backbone_params = sum(p.numel() for p in self.model.core.backbone.parameters())
-        self.engine = build_engine(cfg, self.model)
+        self.source = self._prepare_source()
+        self.engine = build_engine(cfg, self.model, load_universal=self.source is not None
+                                   and self.source.how == "universal")
         self.accum = self.engine.gradient_accumulation_steps()
         self.batches = train_batches(cfg, self.rank, self.world, self.accum)
         self.valid = valid_dataset(cfg)
@@ -89,18 +91,49 @@ class Trainer:
 
     # ---------------------------------------------------------------- set-up
 
+    def _prepare_source(self) -> handoff.Source | None:
+        """Find the checkpoint to start from; convert it or load its weights as the layout requires.
+
+        Runs before the engine exists: a universal checkpoint must be named in DeepSpeed's config,
+        and weights-only starts fill the model that the engine then partitions.
+        """
+        source = handoff.find_source(self.cfg, self.world)
+        if source is None:
+            return None
+        self.log(f"starting from {source.path} ({'resume' if source.resuming else 'handoff/load'}, {source.how})")
+        error = None
+        if source.how == "universal" and self.rank == 0:
+            try:
+                handoff.to_universal(source.path)
+            except (RuntimeError, OSError) as err:
+                error = str(err)
+        shared = [error]
+        dist.broadcast_object_list(shared, src=0)  # every rank fails together instead of hanging
+        if shared[0]:
+            raise RuntimeError(shared[0])
+        if source.how in ("weights", "pretrained"):
+            fresh = handoff.load_weights(self.model, handoff.source_weights(source), source.path)
+            if fresh:
+                self.log(f"kept the fresh initialisation of {len(fresh)} tensors: {', '.join(fresh[:4])}")
+        return source
+
     def resume(self) -> None:
-        state = checkpoint.load(self.engine, self.cfg)
-        if state is None:
+        if self.source is None:
             return
+        state = checkpoint.load(self.engine, self.cfg, self.source)
         p = self.progress
-        if state["resumed"] or self.cfg.checkpoint.load_data_state:
-            p.step, p.consumed_samples = state["step"], state["consumed_samples"]
-            p.consumed_tokens = state["consumed_tokens"]
-            data_state = state["data"]
-            if self.cfg.checkpoint.allow_data_change:  # keep the position only; the index was rebuilt
-                data_state = {"consumed_samples": data_state["consumed_samples"]}
-            self.batches.load_state_dict(data_state)
+        if "step" in state:  # a model folder (how == "pretrained") starts at step 0
+            # The step (and with it the LR schedule) continues across a handoff; the data position only
+            # as checkpoint.load_data_state says.
+            continues = self.source.resuming or self.cfg.curriculum.run_phase is not None
+            if continues or self.source.load_data_state:
+                p.step, p.consumed_samples = state["step"], state["consumed_samples"]
+                p.consumed_tokens = state["consumed_tokens"]
+            if self.source.load_data_state:
+                data_state = state["data"]
+                if self.cfg.checkpoint.allow_data_change:  # keep the position only; the index was rebuilt
+                    data_state = {"consumed_samples": data_state["consumed_samples"]}
+                self.batches.load_state_dict(data_state)
         self.log(f"loaded {state['loaded_from']} at step {p.step} ({p.consumed_samples} samples)")
 
     def steps_of_this_launch(self) -> tuple[int, int]:

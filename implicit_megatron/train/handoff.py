@@ -1,0 +1,255 @@
+"""Which checkpoint a launch starts from, and how it gets into this launch's layout.
+
+A launch starts from (1) its own `latest` checkpoint: a *resume* when that checkpoint belongs to
+the phase being run, a *phase handoff* when it ended an earlier phase (`curriculum.run_phase`);
+or (2) `checkpoint.load`, another run's checkpoint. A resume restores everything; a handoff or a
+load restores the weights and, as checkpoint.load_optimizer / load_data_state say, the optimizer
+state and the data position. The step count, and with it the LR schedule, always continues
+across a handoff.
+
+The layout (data-parallel size, ZeRO stage, precision) may differ from the one that saved:
+- same layout, or plain optimizers on both sides (ZeRO-0 in fp32/fp16, whose state is whole):
+  DeepSpeed's own load;
+- otherwise, with the optimizer state: the checkpoint is converted once to a DeepSpeed universal
+  checkpoint (`<tag>/universal`, by deepspeed.checkpoint.ds_to_universal) and loaded from there;
+- weights only: the consolidated fp32 weights go into the model before the engine is built,
+  which works for every layout (DeepSpeed's module-only load does not at another ZeRO-3 size).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from implicit_megatron.config import Config
+
+LATEST = "latest"
+MODEL_STATES = "mp_rank_00_model_states.pt"  # ZeRO 0-2; ZeRO-3 writes one per rank:
+ZERO3_MODEL_STATES = "zero_pp_rank_0_mp_rank_00_model_states.pt"
+UNIVERSAL = "universal"  # the sub-folder of a tag that holds its universal conversion
+PRETRAINED_WEIGHTS = "model.safetensors"  # a folder written by tools/convert_checkpoint.py export/import
+
+
+@dataclass(frozen=True)
+class Layout:
+    world_size: int
+    zero_stage: int
+    precision: str
+
+    @property
+    def plain_optimizer(self) -> bool:
+        """ZeRO-0 without bf16 keeps torch's optimizer state whole, the same at every world size."""
+        return self.zero_stage == 0 and self.precision != "bf16"
+
+
+@dataclass
+class Source:
+    folder: Path  # a checkpoints/ folder, or an exported/imported model folder
+    tag: str  # "" for a model folder
+    resuming: bool  # this run's own checkpoint, same phase: restore everything
+    saved: Layout | None  # None for a model folder
+    load_optimizer: bool
+    load_data_state: bool
+    how: str = "native"  # native | universal | weights | pretrained (a model folder: weights, step 0)
+
+    @property
+    def path(self) -> Path:
+        return self.folder / self.tag
+
+
+def read_latest(folder: Path) -> str | None:
+    path = folder / LATEST
+    return path.read_text().strip() if path.is_file() else None
+
+
+def phase_of(tag: str) -> str | None:
+    match = re.match(r"(.+)-step\d+$", tag)
+    return match.group(1) if match else None
+
+
+def model_states_file(path: Path) -> Path:
+    """The file with a checkpoint tag's client state (our config, step, data position)."""
+    for name in (MODEL_STATES, ZERO3_MODEL_STATES):
+        if (path / name).is_file():
+            return path / name
+    raise FileNotFoundError(f"{path}: not a complete checkpoint (neither {MODEL_STATES} nor {ZERO3_MODEL_STATES})")
+
+
+def read_client_state(path: Path) -> dict:
+    """A tag's client state, memory-mapped: no tensor is read until used."""
+    states = model_states_file(path)
+    saved = torch.load(states, map_location="cpu", weights_only=False, mmap=True)
+    if "config" not in saved:
+        raise ValueError(f"{states}: no run config in this checkpoint; was it written by implicit_megatron.train?")
+    return saved
+
+
+def saved_layout(path: Path) -> Layout:
+    """The layout a checkpoint tag was written with."""
+    saved = read_client_state(path)
+    d = saved["config"]["distributed"]
+    return Layout(int(saved.get("dp_world_size", 1)), int(d["zero_stage"]), d["precision"])
+
+
+def find_source(cfg: Config, world_size: int) -> Source | None:
+    """The checkpoint this launch starts from and how to load it; None for a fresh start."""
+    own = Path(cfg.output_dir) / "checkpoints"
+    tag = read_latest(own)
+    c = cfg.checkpoint
+    if tag is not None:
+        run_phase = cfg.curriculum.run_phase
+        resuming = run_phase is None or phase_of(tag) in (run_phase, None)
+        source = Source(own, tag, resuming, saved_layout(own / tag), resuming or c.load_optimizer,
+                        resuming or c.load_data_state)
+    elif c.load and (Path(c.load) / PRETRAINED_WEIGHTS).is_file():
+        return Source(Path(c.load), "", False, None, False, False, how="pretrained")
+    elif c.load:
+        folder, tag = _named_checkpoint(Path(c.load))
+        source = Source(folder, tag, False, saved_layout(folder / tag), c.load_optimizer, c.load_data_state)
+    else:
+        return None
+    now = Layout(world_size, cfg.distributed.zero_stage, cfg.distributed.precision)
+    if not source.load_optimizer:
+        source.how = "weights"
+    elif source.saved == now or (source.saved.plain_optimizer and now.plain_optimizer):
+        source.how = "native"
+    elif source.saved.plain_optimizer or now.plain_optimizer:
+        raise ValueError(
+            f"{source.path}: saved under ZeRO-{source.saved.zero_stage} {source.saved.precision} on "
+            f"{source.saved.world_size} processes, loading under ZeRO-{now.zero_stage} {now.precision} on "
+            f"{now.world_size}: a plain (ZeRO-0, not bf16) optimizer state converts only to another plain one. "
+            "Keep both sides plain, or set checkpoint.load_optimizer=false to start the optimizer afresh")
+    else:
+        source.how = "universal"
+    return source
+
+
+def _named_checkpoint(path: Path) -> tuple[Path, str]:
+    """checkpoint.load names a checkpoints/ folder (its `latest` is used) or one tag folder in it."""
+    tag = read_latest(path)
+    if tag is not None:
+        return path, tag
+    if read_latest(path.parent) is not None and any((path / n).is_file() for n in (MODEL_STATES, ZERO3_MODEL_STATES)):
+        return path.parent, path.name
+    raise FileNotFoundError(f"checkpoint.load={path}: not a checkpoints folder (no '{LATEST}' file), a tag folder "
+                            f"of one, or a model folder ({PRETRAINED_WEIGHTS})")
+
+
+def to_universal(path: Path, workers: int = 2) -> Path:
+    """Convert one checkpoint tag to a universal checkpoint in `<tag>/universal` (once; reused after).
+
+    The conversion runs in a process of its own (it starts worker pools) into a temporary folder
+    that is renamed when complete, so an interrupted conversion is redone, never half-used.
+    """
+    out = path / UNIVERSAL
+    if (out / MODEL_STATES).is_file() and (out / ZERO3_MODEL_STATES).is_file():
+        return out
+    tmp = path / f".{UNIVERSAL}.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    cmd = [sys.executable, "-m", "deepspeed.checkpoint.ds_to_universal", "--input_folder", str(path),
+           "--output_folder", str(tmp), "--inject_missing_state", "--num_extract_workers", str(workers),
+           "--num_merge_workers", str(max(1, workers // 2))]
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}  # a CPU-only job; it must not claim a GPU
+    for key in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(key, None)
+    result = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    if result.returncode != 0:
+        raise RuntimeError(f"{path}: conversion to a universal checkpoint failed:\n{result.stdout[-3000:]}"
+                           f"{result.stderr[-3000:]}")
+    # The weights and optimizer state are in zero/; the model-states file only carries the client
+    # state, and DeepSpeed looks for it under the name the *loading* ZeRO stage writes.
+    for have, want in ((MODEL_STATES, ZERO3_MODEL_STATES), (ZERO3_MODEL_STATES, MODEL_STATES)):
+        if (tmp / have).is_file() and not (tmp / want).exists():
+            shutil.copy(tmp / have, tmp / want)
+    _readable_by_every_stage(tmp / "zero")
+    shutil.rmtree(out, ignore_errors=True)
+    os.replace(tmp, out)
+    return out
+
+
+def universal_of(ckpt_dir: str | Path, tag: str | None = None, workers: int = 4) -> Path:
+    """`to_universal` for a checkpoints/ folder and a tag (default: latest), with clear errors."""
+    folder = Path(ckpt_dir)
+    tag = tag or read_latest(folder)
+    if tag is None:
+        raise FileNotFoundError(f"{folder}: not a checkpoint folder (no '{LATEST}' file); name a tag with --tag")
+    layout = saved_layout(folder / tag)
+    if layout.plain_optimizer:
+        raise ValueError(f"{folder / tag}: saved under ZeRO-0 in {layout.precision}; its optimizer state is whole "
+                         "and loads at any world size as it is: there is nothing to convert")
+    return to_universal(folder / tag, workers)
+
+
+def _readable_by_every_stage(zero: Path) -> None:
+    """DeepSpeed writes the optimizer's global state (zero/optimizer_state.pt) in a ZeRO-1/2 or a
+    ZeRO-3 form, and each loader reads only its own: add the entries of the other form (the same
+    values under the other stage's keys) so that a conversion loads under every stage."""
+    import deepspeed
+
+    path = zero / "optimizer_state.pt"
+    sd = torch.load(path, weights_only=False)
+    if "optimizer_state_dict" not in sd:  # written from ZeRO-1/2: the ZeRO-3 loader reads the step here
+        step_file = next(zero.glob("*/step.pt"), None)
+        step = torch.load(step_file, weights_only=False) if step_file else 0
+        sd["optimizer_state_dict"] = {"state": {0: {"step": step}}, "param_groups": sd["param_groups"]}
+    sd.setdefault("param_groups", sd["optimizer_state_dict"]["param_groups"])
+    sd.setdefault("ds_version", deepspeed.__version__)
+    torch.save(sd, path)
+
+
+def consolidated_weights(path: Path, saved: Layout) -> dict[str, torch.Tensor]:
+    """The full fp32 model state of a checkpoint tag, on CPU, whatever layout wrote it."""
+    if saved.plain_optimizer:  # the module holds the fp32 weights themselves
+        states = torch.load(path / MODEL_STATES, map_location="cpu", weights_only=False, mmap=True)
+        return {k: v.float() for k, v in states["module"].items()}
+    from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+
+    return get_fp32_state_dict_from_zero_checkpoint(str(path.parent), tag=path.name)
+
+
+def source_weights(source: Source) -> dict[str, torch.Tensor]:
+    """The fp32 weights a weights-only start loads into the model before the engine is built."""
+    if source.how == "pretrained":
+        from safetensors.torch import load_file
+
+        return {k: v.float() for k, v in load_file(str(source.folder / PRETRAINED_WEIGHTS)).items()}
+    return consolidated_weights(source.path, source.saved)
+
+
+def load_weights(model: torch.nn.Module, state: dict[str, torch.Tensor], where: Path) -> list[str]:
+    """Load `state` into `model`, naming any tensor that does not fit; returns the names kept fresh.
+
+    Plain weights fill weight-normalised layers (g and v are recomputed from w), and a model folder
+    without an injection module leaves the model's freshly initialised one: the way an implicit run
+    starts from an explicit model.
+    """
+    own = model.state_dict()
+    direct, folded = {}, {}
+    for name, tensor in state.items():
+        target = name if name in own else name.removesuffix(".weight") + ".parametrizations.weight.original1"
+        if target not in own:
+            raise ValueError(f"{where}: tensor {name!r} has no place in the model")
+        if tensor.shape != own[target].shape:
+            raise ValueError(f"{where}: tensor {name!r} has shape {tuple(tensor.shape)}, the model expects "
+                             f"{tuple(own[target].shape)}")
+        (direct if name in own else folded)[name] = tensor
+    covered = set(direct) | {n.removesuffix(".weight") + f".parametrizations.weight.original{i}"
+                             for n in folded for i in (0, 1)}
+    fresh = [k for k in own if k not in covered]
+    if any(not k.startswith("core.injection.") for k in fresh):
+        missing = [k for k in fresh if not k.startswith("core.injection.")]
+        raise ValueError(f"{where}: no tensor for {missing[0]!r}" + (f" and {len(missing) - 1} more" if
+                                                                      len(missing) > 1 else ""))
+    model.load_state_dict(direct, strict=False)
+    with torch.no_grad():
+        for name, tensor in folded.items():  # the weight-norm parametrization's right inverse sets g and v
+            module = model.get_submodule(name.removesuffix(".weight"))
+            module.weight = tensor.to(module.parametrizations.weight.original1.dtype)
+    return fresh

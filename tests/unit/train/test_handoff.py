@@ -1,0 +1,136 @@
+"""Choosing how a launch loads its checkpoint, phase settings, weights into a model, the plan of
+launch/curriculum.sh: everything about the handoff that needs no second process."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from implicit_megatron import build_model, load_config
+from implicit_megatron.builder import remove_weight_norm
+from implicit_megatron.train.curriculum import plan
+from implicit_megatron.train.handoff import find_source, load_weights
+from implicit_megatron.utils.typed_yaml import ConfigError
+
+ROOT = Path(__file__).resolve().parents[3]
+TINY = str(ROOT / "configs/tiny/mamba2-implicit.yaml")
+CURRICULUM = str(ROOT / "configs/tiny/mamba2-curriculum.yaml")
+
+
+def fake_checkpoint(out: Path, tag: str, world_size: int, zero_stage: int, precision: str = "fp32") -> None:
+    """A tag folder with the one file the decision reads (DeepSpeed's model-states file)."""
+    cfg = load_config(TINY, [f"distributed.zero_stage={zero_stage}", f"distributed.precision={precision}"])
+    folder = out / "checkpoints" / tag
+    folder.mkdir(parents=True)
+    name = "zero_pp_rank_0_mp_rank_00_model_states.pt" if zero_stage == 3 else "mp_rank_00_model_states.pt"
+    torch.save({"dp_world_size": world_size, "config": cfg.to_dict()}, folder / name)
+    (out / "checkpoints" / "latest").write_text(tag + "\n")
+
+
+def source_for(out: Path, world: int, *overrides: str):
+    return find_source(load_config(TINY, [f"train.output_dir={out}", *overrides]), world)
+
+
+@pytest.mark.parametrize(("saved", "now", "how"), [
+    ((2, 2, "fp32"), (2, 2, "fp32"), "native"),       # same layout
+    ((2, 0, "fp32"), (1, 0, "fp32"), "native"),       # plain optimizer state is whole
+    ((2, 2, "fp32"), (1, 2, "fp32"), "universal"),    # another world size
+    ((2, 2, "fp32"), (2, 3, "fp32"), "universal"),    # another stage
+    ((4, 3, "bf16"), (2, 1, "bf16"), "universal"),
+    ((2, 0, "bf16"), (1, 0, "bf16"), "universal"),    # bf16 ZeRO-0 partitions its fp32 state too
+])
+def test_layout_decides_how_a_checkpoint_loads(saved, now, how, tmp_path):
+    fake_checkpoint(tmp_path, "bounded-step8", *saved)
+    source = source_for(tmp_path, now[0], f"distributed.zero_stage={now[1]}", f"distributed.precision={now[2]}",
+                        "curriculum.run_phase=bounded")
+    assert source.how == how and source.resuming and source.load_optimizer
+
+
+def test_plain_to_partitioned_optimizer_needs_a_weights_only_start(tmp_path):
+    fake_checkpoint(tmp_path, "bounded-step8", 2, 0)
+    with pytest.raises(ValueError, match="load_optimizer=false"):
+        source_for(tmp_path, 2, "distributed.zero_stage=2", "curriculum.run_phase=bounded")
+    source = source_for(tmp_path, 2, "distributed.zero_stage=2", "curriculum.run_phase=free",
+                        "checkpoint.load_optimizer=false")
+    assert source.how == "weights" and not source.resuming
+
+
+def test_handoff_versus_resume(tmp_path):
+    fake_checkpoint(tmp_path, "bounded-step8", 2, 2)
+    handoff = source_for(tmp_path, 2, "distributed.zero_stage=2", "curriculum.run_phase=free",
+                         "checkpoint.load_data_state=false")
+    assert not handoff.resuming and handoff.load_optimizer and not handoff.load_data_state
+    resume = source_for(tmp_path, 2, "distributed.zero_stage=2", "checkpoint.load_data_state=false")
+    assert resume.resuming and resume.load_data_state  # a resume restores everything, whatever the handoff says
+    assert source_for(tmp_path / "elsewhere", 2) is None
+
+
+def test_checkpoint_load_names_what_it_accepts(tmp_path):
+    with pytest.raises(FileNotFoundError, match="not a checkpoints folder"):
+        source_for(tmp_path / "run", 1, f"checkpoint.load={tmp_path}")
+    fake_checkpoint(tmp_path / "other", "free-step10", 1, 0)
+    tag_folder = source_for(tmp_path / "run", 1, f"checkpoint.load={tmp_path / 'other/checkpoints/free-step10'}")
+    assert tag_folder.tag == "free-step10" and tag_folder.how == "native"
+
+
+def test_phase_settings_apply_to_their_own_launch_only():
+    cfg = load_config(CURRICULUM, ["curriculum.run_phase=free"])
+    assert cfg.distributed.zero_stage == 3
+    assert load_config(CURRICULUM, ["curriculum.run_phase=bounded"]).distributed.zero_stage == 2
+    with pytest.raises(ConfigError, match=r"phases\[0\].zero_stage: a phase with its own settings needs a launch"):
+        load_config(CURRICULUM)
+    with pytest.raises(ConfigError, match="not divisible by micro_batch_size x data-parallel size = 8 x 2"):
+        load_config(CURRICULUM, ["curriculum.run_phase=free", "train.micro_batch_size=8"], world_size=2)
+
+
+def test_curriculum_plan_marks_finished_phases(tmp_path):
+    overrides = [f"train.output_dir={tmp_path}", "train.steps=10"]
+    assert plan(CURRICULUM, overrides) == [("bounded", "todo", "-", "2", "-"), ("free", "todo", "-", "1", "-")]
+    fake_checkpoint(tmp_path, "bounded-step8", 2, 2)
+    assert [row[1] for row in plan(CURRICULUM, overrides)] == ["done", "todo"]
+    (tmp_path / "checkpoints" / "latest").write_text("free-step10\n")
+    assert [row[1] for row in plan(CURRICULUM, overrides)] == ["done", "done"]
+
+
+def test_plain_weights_fill_a_weight_normalised_model_and_a_missing_injection_stays_fresh():
+    torch.manual_seed(0)
+    source = build_model(load_config(TINY, ["implicit.weight_norm=true"]))
+    remove_weight_norm(source)
+    state = {k: v for k, v in source.state_dict().items() if not k.startswith("core.injection.")}
+    target = build_model(load_config(TINY, ["implicit.weight_norm=true"]))
+    injection = {k: v.clone() for k, v in target.state_dict().items() if k.startswith("core.injection.")}
+    fresh = load_weights(target, state, Path("folder"))
+    assert sorted(fresh) == sorted(injection)
+    for name, tensor in injection.items():
+        assert torch.equal(target.state_dict()[name], tensor)
+    remove_weight_norm(target)
+    for name, tensor in state.items():
+        torch.testing.assert_close(target.state_dict()[name], tensor, rtol=1e-6, atol=1e-7)
+
+
+def test_weights_that_do_not_fit_are_named():
+    model = build_model(load_config(TINY))
+    state = model.state_dict()
+    with pytest.raises(ValueError, match=r"folder: tensor 'embedding.weight' has shape \(3, 64\)"):
+        load_weights(model, {**state, "embedding.weight": torch.zeros(3, 64)}, Path("folder"))
+    with pytest.raises(ValueError, match="tensor 'extra.weight' has no place"):
+        load_weights(model, {**state, "extra.weight": torch.zeros(1)}, Path("folder"))
+    missing = {k: v for k, v in state.items() if k != "core.backbone.norm_f.weight"}
+    with pytest.raises(ValueError, match="no tensor for 'core.backbone.norm_f.weight'"):
+        load_weights(model, missing, Path("folder"))
+
+
+def test_universal_command_errors(tmp_path):
+    def universal(*args):
+        return subprocess.run([sys.executable, "tools/convert_checkpoint.py", "universal", *map(str, args)], cwd=ROOT,
+                              capture_output=True, text=True)
+
+    assert "not a checkpoint folder" in universal(tmp_path).stderr
+    fake_checkpoint(tmp_path, "free-step10", 2, 0)
+    result = universal(tmp_path / "checkpoints")
+    assert result.returncode == 2 and "nothing to convert" in result.stderr
+    assert "not a complete checkpoint" in universal(tmp_path / "checkpoints", "--tag", "free-step9").stderr
