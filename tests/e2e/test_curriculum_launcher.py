@@ -1,0 +1,59 @@
+"""launch/curriculum.sh as a user runs it: the tiny two-phase curriculum, each phase its own launch
+(bounded: 2 CPU processes, ZeRO-2; free: 1 process, ZeRO-3); re-running skips and resumes."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+from support.processes import ROOT, child_env, free_port
+
+CONFIG = "configs/tiny/mamba2-curriculum.yaml"
+
+
+def curriculum(*args: str, config: str = CONFIG, timeout: int = 400, **env: str) -> subprocess.CompletedProcess:
+    env = child_env(PYTHON=sys.executable, MASTER_PORT=str(free_port()), **env)
+    return subprocess.run(["bash", "launch/curriculum.sh", config, *args], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def test_a_bad_phase_setting_is_refused_before_any_launch(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(f"base: {ROOT / CONFIG}\ncurriculum:\n  phases:\n"
+                   "    - {name: bounded, kind: bounded, fraction: 0.8, max_iter: 4, phantom_steps: 1}\n"
+                   "    - {name: free, kind: free, fraction: 0.2, max_iter: 24, phantom_steps: 4, tol: 0.05,\n"
+                   "       zero_stage: 4}\n")
+    out = tmp_path / "run"
+    result = curriculum(f"train.output_dir={out}", config=str(bad))
+    assert result.returncode == 2
+    assert f"{bad}: curriculum.phases[1].zero_stage: expected one of 0, 1, 2, 3, got 4" in result.stderr
+    assert "[curriculum]" not in result.stdout and not out.exists()  # the first phase never started
+
+
+@pytest.mark.distributed
+@pytest.mark.slow
+def test_two_phase_curriculum_end_to_end(shakespeare_shards, tmp_path):
+    args = [f"data.prefixes=[{shakespeare_shards}]", "data.source=null", f"train.output_dir={tmp_path}",
+            "train.steps=10", "train.eval_interval=100", "train.log_interval=1", "tracking.enabled=false"]
+    # The free phase dies after writing its last checkpoint, before `latest` names it.
+    crashed = curriculum(*args, IMPLICIT_MEGATRON_CRASH_BEFORE_LATEST="free-step10")
+    assert crashed.returncode != 0
+    assert "phase bounded: starting with GPUS_PER_NODE=2 NPROC=2" in crashed.stdout
+    assert (tmp_path / "checkpoints" / "latest").read_text().strip() == "bounded-step8"
+
+    result = curriculum(*args)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "phase bounded: finished, skipped" in result.stdout
+    assert "phase free: starting with GPUS_PER_NODE=1 NPROC=1" in result.stdout
+    assert "bounded-step8 (handoff/load, universal)" in result.stdout  # 2 processes ZeRO-2 -> 1 process ZeRO-3
+    assert (tmp_path / "checkpoints" / "latest").read_text().strip() == "free-step10"
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    last = [r for r in rows if "train/loss" in r][-1]
+    assert last["step"] == 10 and last["train/consumed_samples"] == 80
+    assert last["solver/iterations"] > 4  # the free phase's solver, not the bounded phase's 4 passes
+
+    again = curriculum(*args)
+    assert again.returncode == 0
+    assert "phase bounded: finished, skipped" in again.stdout and "phase free: finished, skipped" in again.stdout
