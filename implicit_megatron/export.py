@@ -2,7 +2,9 @@
 
 An exported folder holds `model.safetensors` (float32 or bfloat16; weight normalisation folded
 into plain weights; the tied head stored once, as the embedding), `config.json` (the resolved
-run config) and the tokenizer file the run used.
+run config under `implicit_megatron`, with the fields transformers reads), the tokenizer file
+the run used, and `modeling_implicit_megatron.py`, through which transformers'
+AutoModelForCausalLM loads the folder with trust_remote_code=True.
 """
 
 from __future__ import annotations
@@ -16,10 +18,44 @@ import torch
 from implicit_megatron.builder import build_model, remove_weight_norm
 from implicit_megatron.config import Config
 from implicit_megatron.models.lm import LanguageModel
-from implicit_megatron.train.checkpoint import read_latest
+from implicit_megatron.train.handoff import (
+    consolidated_weights,
+    model_states_file,
+    read_client_state,
+    read_latest,
+    saved_layout,
+)
 from implicit_megatron.utils.typed_yaml import build_dataclass
 
-MODEL_FILE, CONFIG_FILE = "model.safetensors", "config.json"
+MODEL_FILE, CONFIG_FILE, MODELING_FILE = "model.safetensors", "config.json", "modeling_implicit_megatron.py"
+CONFIG_KEY = "implicit_megatron"
+
+
+def write_folder(out: Path, model: LanguageModel, cfg: Config, dtype: torch.dtype) -> Path:
+    """model.safetensors + config.json + the tokenizer + the transformers modeling file."""
+    from safetensors.torch import save_file
+
+    out.mkdir(parents=True, exist_ok=True)
+    tensors = {k: v.detach().to(dtype).contiguous() for k, v in model.state_dict().items()}
+    save_file(tensors, str(out / MODEL_FILE), metadata={"format": "pt"})
+    classes = f"{MODELING_FILE.removesuffix('.py')}.ImplicitMegatron"
+    hf = {"architectures": ["ImplicitMegatronForCausalLM"], "model_type": "implicit_megatron",
+          "auto_map": {"AutoConfig": classes + "Config", "AutoModelForCausalLM": classes + "ForCausalLM"},
+          "torch_dtype": str(dtype).removeprefix("torch."), CONFIG_KEY: cfg.to_dict()}
+    (out / CONFIG_FILE).write_text(json.dumps(hf, indent=2))
+    shutil.copy(Path(__file__).with_name("hf_model.py"), out / MODELING_FILE)
+    tokenizer = Path(cfg.data.tokenizer)
+    if tokenizer.is_file():
+        shutil.copy(tokenizer, out / tokenizer.name)
+    return out
+
+
+def read_folder_config(folder: Path) -> Config:
+    data = json.loads((folder / CONFIG_FILE).read_text())
+    if CONFIG_KEY not in data:
+        raise ValueError(f"{folder / CONFIG_FILE}: no '{CONFIG_KEY}' entry; not a folder written by "
+                         "tools/convert_checkpoint.py")
+    return config_from_dict(data[CONFIG_KEY], str(folder / CONFIG_FILE))
 
 
 def config_from_dict(data: dict, source: str) -> Config:
@@ -34,40 +70,20 @@ def read_checkpoint(ckpt_dir: str | Path, tag: str | None = None) -> tuple[dict[
     tag = tag or read_latest(folder)
     if tag is None:
         raise FileNotFoundError(f"{folder}: not a checkpoint folder (no 'latest' file); name a tag with --tag")
-    states = folder / tag / "mp_rank_00_model_states.pt"
-    if not states.is_file():
-        raise FileNotFoundError(f"{folder}: no complete checkpoint with tag {tag!r} ({states.name} missing)")
-    saved = torch.load(states, map_location="cpu", weights_only=False)
-    if "config" not in saved:
-        raise ValueError(f"{states}: no run config in this checkpoint; was it written by implicit_megatron.train?")
-    cfg = config_from_dict(saved["config"], str(states))
-    if cfg.distributed.zero_stage == 0:
-        state = {k: v.float() for k, v in saved["module"].items()}
-    else:  # the fp32 master weights are partitioned across the optimizer states
-        from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
-
-        state = get_fp32_state_dict_from_zero_checkpoint(str(folder), tag=tag)
-    return state, cfg
+    if not (folder / tag).is_dir():
+        raise FileNotFoundError(f"{folder}: no checkpoint with tag {tag!r}")
+    saved = read_client_state(folder / tag)
+    cfg = config_from_dict(saved["config"], str(model_states_file(folder / tag)))
+    return consolidated_weights(folder / tag, saved_layout(folder / tag)), cfg
 
 
 def export(ckpt_dir: str | Path, out_dir: str | Path, tag: str | None = None, dtype: str = "fp32") -> Path:
-    from safetensors.torch import save_file
-
     state, cfg = read_checkpoint(ckpt_dir, tag)
     model = build_model(cfg)
     model.load_state_dict(state, strict=True)  # a shape mismatch names the tensor
     remove_weight_norm(model)
     cfg.implicit.weight_norm = False
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    torch_dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[dtype]
-    tensors = {k: v.detach().to(torch_dtype).contiguous() for k, v in model.state_dict().items()}
-    save_file(tensors, str(out / MODEL_FILE), metadata={"format": "pt"})
-    (out / CONFIG_FILE).write_text(json.dumps(cfg.to_dict(), indent=2))
-    tokenizer = Path(cfg.data.tokenizer)
-    if tokenizer.is_file():
-        shutil.copy(tokenizer, out / tokenizer.name)
-    return out
+    return write_folder(Path(out_dir), model, cfg, {"fp32": torch.float32, "bf16": torch.bfloat16}[dtype])
 
 
 def from_pretrained(folder: str | Path, device=None, dtype=None) -> LanguageModel:
@@ -78,7 +94,7 @@ def from_pretrained(folder: str | Path, device=None, dtype=None) -> LanguageMode
     for name in (CONFIG_FILE, MODEL_FILE):
         if not (folder / name).is_file():
             raise FileNotFoundError(f"{folder}: no {name}; export a checkpoint with tools/convert_checkpoint.py")
-    cfg = config_from_dict(json.loads((folder / CONFIG_FILE).read_text()), str(folder / CONFIG_FILE))
+    cfg = read_folder_config(folder)
     model = build_model(cfg)
     state = load_file(str(folder / MODEL_FILE))
     model.load_state_dict({k: v.to(model.state_dict()[k].dtype) for k, v in state.items()}, strict=True)

@@ -15,7 +15,7 @@ import torch
 
 from implicit_megatron.builder import build_model
 from implicit_megatron.config import Config, load_config
-from implicit_megatron.export import CONFIG_FILE, MODEL_FILE
+from implicit_megatron.export import write_folder
 
 
 def _read_source(src: Path) -> tuple[dict, dict[str, torch.Tensor]]:
@@ -83,8 +83,6 @@ def _model_settings(hf: dict) -> tuple[list[str], dict[str, str]]:
 
 def import_explicit(src: str | Path, out_dir: str | Path, base_config: str | Path | None = None) -> Path:
     """Write our folder for the explicit model at `src` (made implicit when `base_config` says so)."""
-    from safetensors.torch import save_file
-
     src, out = Path(src), Path(out_dir)
     hf, weights = _read_source(src)
     overrides, prefixes = _model_settings(hf)
@@ -116,8 +114,4 @@ def import_explicit(src: str | Path, out_dir: str | Path, base_config: str | Pat
     if missing:
         raise ValueError(f"{src}: tensors missing for {missing[:5]}")
     model.load_state_dict({**expected, **state}, strict=True)
-    out.mkdir(parents=True, exist_ok=True)
-    save_file({k: v.detach().float().contiguous() for k, v in model.state_dict().items()}, str(out / MODEL_FILE),
-              metadata={"format": "pt"})
-    (out / CONFIG_FILE).write_text(json.dumps(cfg.to_dict(), indent=2))
-    return out
+    return write_folder(out, model, cfg, torch.float32)

@@ -2,11 +2,16 @@
 
     python tools/convert_checkpoint.py export CKPT_DIR OUT_DIR [--tag T] [--dtype fp32|bf16]
     python tools/convert_checkpoint.py import SRC OUT_DIR [--base-config CONFIG]
+    python tools/convert_checkpoint.py universal CKPT_DIR [--tag T]
 
 `export` writes model.safetensors + config.json + the tokenizer file, a folder that
-`implicit_megatron.from_pretrained(OUT_DIR)` loads. CKPT_DIR is a run's `checkpoints/` folder.
+`implicit_megatron.from_pretrained(OUT_DIR)` and, with trust_remote_code=True, transformers'
+AutoModelForCausalLM load. CKPT_DIR is a run's `checkpoints/` folder.
 `import` reads an explicit Mamba2 (transformers or mamba_ssm) or Llama (transformers) folder and
 writes the same kind of folder; with an implicit --base-config the injection starts fresh.
+`universal` converts one checkpoint (ZeRO 1-3, or bf16) to a DeepSpeed universal checkpoint in
+CKPT_DIR/TAG/universal. Training does this by itself when it starts at another world size or ZeRO
+stage; the command is for doing it ahead of time, or for other DeepSpeed programs.
 """
 
 from __future__ import annotations
@@ -30,19 +35,26 @@ def main(argv: list[str] | None = None) -> int:
     imp.add_argument("src")
     imp.add_argument("out_dir")
     imp.add_argument("--base-config", default=None, help="our config for everything but the model's shape")
+    uni = commands.add_parser("universal", help="a DeepSpeed universal checkpoint of one tag")
+    uni.add_argument("ckpt_dir")
+    uni.add_argument("--tag", default=None, help="checkpoint tag (default: the one 'latest' names)")
+    uni.add_argument("--workers", type=int, default=4, help="processes that extract the ZeRO shards")
     args = parser.parse_args(argv)
     from implicit_megatron.export import export
     from implicit_megatron.import_weights import import_explicit
+    from implicit_megatron.train.handoff import universal_of
 
     try:
         if args.command == "export":
             out = export(args.ckpt_dir, args.out_dir, tag=args.tag, dtype=args.dtype)
-        else:
+        elif args.command == "import":
             out = import_explicit(args.src, args.out_dir, args.base_config)
+        else:
+            out = universal_of(args.ckpt_dir, args.tag, args.workers)
     except (FileNotFoundError, ValueError, RuntimeError) as err:
         print(f"convert_checkpoint: {err}", file=sys.stderr)
         return 2
-    print(f"{args.command}ed -> {out}")
+    print(f"{args.command} -> {out}")
     return 0
 
 

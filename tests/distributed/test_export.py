@@ -7,43 +7,68 @@ import sys
 
 import pytest
 import torch
+from safetensors.torch import load_file
 from support.processes import ROOT, run_torchrun
+from transformers import AutoModelForCausalLM
 
 from implicit_megatron import build_model, from_pretrained
+from implicit_megatron.builder import remove_weight_norm
 from implicit_megatron.export import read_checkpoint
 
 
-@pytest.mark.distributed
-@pytest.mark.parametrize("stage", [0, 2])
-def test_export_then_from_pretrained_gives_the_training_models_logits(stage, shakespeare_shards, tmp_path):
-    run = tmp_path / "run"
+def train(shakespeare_shards: str, run, stage: int) -> None:
     args = [f"data.prefixes=[{shakespeare_shards}]", "data.source=null", f"train.output_dir={run}", "train.steps=6",
             "train.eval_interval=6", "tracking.enabled=false", "implicit.weight_norm=true",
             f"distributed.zero_stage={stage}"]
     result = run_torchrun("-m", "implicit_megatron.train", "configs/tiny/llama-implicit.yaml", *args)
     assert result.returncode == 0, result.stdout[-3000:]
-    out = tmp_path / "export"
-    converted = subprocess.run([sys.executable, "tools/convert_checkpoint.py", "export", str(run / "checkpoints"),
-                                str(out)], cwd=ROOT, capture_output=True, text=True)
+
+
+def convert(*args) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "tools/convert_checkpoint.py", *map(str, args)], cwd=ROOT,
+                          capture_output=True, text=True)
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize("stage", [0, 2, 3])
+def test_export_gives_the_training_models_logits_in_ours_and_in_transformers(stage, shakespeare_shards, tmp_path):
+    run, out = tmp_path / "run", tmp_path / "export"
+    train(shakespeare_shards, run, stage)
+    converted = convert("export", run / "checkpoints", out)
     assert converted.returncode == 0, converted.stderr[-3000:]
 
     # The training model: the checkpoint's module weights (fp32 training: the master weights), weight norm on.
-    saved = torch.load(run / "checkpoints" / "free-step6" / "mp_rank_00_model_states.pt", weights_only=False)
     state, cfg = read_checkpoint(run / "checkpoints")
     trained = build_model(cfg).eval()
-    trained.load_state_dict(saved["module"] if stage == 0 else state, strict=True)
-    if stage != 0:  # ZeRO-2 keeps full fp32 module weights on rank 0 too: an independent copy
-        for name, tensor in saved["module"].items():
-            assert torch.equal(tensor.float(), state[name]), name
+    if stage == 0:
+        saved = torch.load(run / "checkpoints" / "free-step6" / "mp_rank_00_model_states.pt", weights_only=False)
+        trained.load_state_dict(saved["module"], strict=True)
+    else:
+        trained.load_state_dict(state, strict=True)
     assert any("parametrizations" in name for name in state)
 
     exported = from_pretrained(out)
     assert not any("parametrizations" in name for name in exported.state_dict())
-    assert sorted(p.name for p in out.iterdir()) == ["config.json", "gpt-neox-20b.json.xz", "model.safetensors"]
+    assert sorted(p.name for p in out.iterdir()) == ["config.json", "gpt-neox-20b.json.xz", "model.safetensors",
+                                                     "modeling_implicit_megatron.py"]
+    hf = AutoModelForCausalLM.from_pretrained(out, trust_remote_code=True).eval()
     ids = torch.randint(0, 50277, (2, 24))
     with torch.no_grad():
-        expected, got = trained(ids), exported(ids)
-    assert (got - expected).abs().max().item() < 1e-5 * expected.abs().max().item()
+        expected, ours, theirs = trained(ids), exported(ids), hf(ids).logits
+    for got in (ours, theirs):
+        assert (got - expected).abs().max().item() < 1e-5 * expected.abs().max().item()
+    assert hf(ids[:1], labels=ids[:1]).loss.item() > 0
+
+    if stage:  # DeepSpeed's own consolidation of the same checkpoint, weight norm folded the same way
+        subprocess.run([sys.executable, str(run / "checkpoints" / "zero_to_fp32.py"), str(run / "checkpoints"),
+                        str(tmp_path / "z2f"), "--safe_serialization"], check=True, capture_output=True)
+        theirs_model = build_model(cfg)
+        theirs_model.load_state_dict(load_file(str(tmp_path / "z2f" / "model.safetensors")), strict=True)
+        remove_weight_norm(theirs_model)
+        mine = load_file(str(out / "model.safetensors"))
+        assert mine.keys() == theirs_model.state_dict().keys()
+        for name, tensor in theirs_model.state_dict().items():
+            assert torch.equal(mine[name], tensor), name
 
 
 def test_clear_errors(tmp_path):
