@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# ruff over the whole tree (configured in pyproject.toml).
+# ruff over the whole tree (configured in pyproject.toml), then the cluster images' checks.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh dev,eval
-exec .venv/bin/python -m ruff check .
+.venv/bin/python -m ruff check .
+exec .venv/bin/python tools/check_dockerfiles.py
