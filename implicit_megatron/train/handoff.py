@@ -168,7 +168,7 @@ def to_universal(path: Path, workers: int = 2) -> Path:
     for have, want in ((MODEL_STATES, ZERO3_MODEL_STATES), (ZERO3_MODEL_STATES, MODEL_STATES)):
         if (tmp / have).is_file() and not (tmp / want).exists():
             shutil.copy(tmp / have, tmp / want)
-    _readable_by_every_stage(tmp / "zero")
+    _readable_by_every_stage(tmp)
     shutil.rmtree(out, ignore_errors=True)
     os.replace(tmp, out)
     return out
@@ -187,15 +187,33 @@ def universal_of(ckpt_dir: str | Path, tag: str | None = None, workers: int = 4)
     return to_universal(folder / tag, workers)
 
 
-def _readable_by_every_stage(zero: Path) -> None:
-    """DeepSpeed writes the optimizer's global state (zero/optimizer_state.pt) in a ZeRO-1/2 or a
-    ZeRO-3 form, and each loader reads only its own: add the entries of the other form (the same
-    values under the other stage's keys) so that a conversion loads under every stage."""
+def _readable_by_every_stage(universal: Path) -> None:
+    """Make a conversion load under every ZeRO stage.
+
+    DeepSpeed writes a universal checkpoint in a ZeRO-1/2 or a ZeRO-3 form, and each stage's
+    loader reads its own form only: the optimizer's global state (zero/optimizer_state.pt) under
+    other keys, and per parameter a {"param": full-shaped tensor} dict plus step.pt (ZeRO-1/2)
+    or a bare flat tensor (ZeRO-3). Write the ZeRO-1/2 form, which both loaders read, and add the
+    ZeRO-3 keys of the global state.
+    """
     import deepspeed
 
+    zero = universal / "zero"
     path = zero / "optimizer_state.pt"
     sd = torch.load(path, weights_only=False)
-    if "optimizer_state_dict" not in sd:  # written from ZeRO-1/2: the ZeRO-3 loader reads the step here
+    if "optimizer_state_dict" in sd:  # written from ZeRO-3
+        step = sd["optimizer_state_dict"]["state"][0]["step"]
+        shapes = {}
+        for group in torch.load(universal / ZERO3_MODEL_STATES, map_location="cpu", weights_only=False)["param_shapes"]:
+            shapes.update(group)
+        for name, shape in shapes.items():
+            for key in ("fp32", "exp_avg", "exp_avg_sq"):
+                tensor = torch.load(zero / name / f"{key}.pt", weights_only=False)
+                if not isinstance(tensor, dict):
+                    torch.save({"param": tensor.view(shape)}, zero / name / f"{key}.pt")
+            if not (zero / name / "step.pt").exists():
+                torch.save(step, zero / name / "step.pt")
+    else:  # written from ZeRO-1/2: the ZeRO-3 loader reads the step from here
         step_file = next(zero.glob("*/step.pt"), None)
         step = torch.load(step_file, weights_only=False) if step_file else 0
         sd["optimizer_state_dict"] = {"state": {0: {"step": step}}, "param_groups": sd["param_groups"]}

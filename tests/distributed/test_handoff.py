@@ -88,6 +88,20 @@ def test_handoff_to_other_world_sizes_and_zero_stages(shakespeare_shards, tmp_pa
     assert last["train/consumed_samples"] == 80 and last["train/lr"] == pytest.approx(learning_rate(9, cfg))
     assert (out / "checkpoints" / "latest").read_text().strip() == "free-step10"
 
+    # And back: the ZeRO-3 checkpoint resumed on 1 process with ZeRO-2 holds what a native ZeRO-3 load holds.
+    probes = {}
+    for name, nproc, stage in (("native", 2, 3), ("universal", 1, 2)):
+        probes[name] = tmp_path / f"back-{name}.pt"
+        layout = [f"distributed.zero_stage={stage}", "curriculum.run_phase=free"]
+        probe = run_torchrun(PROBE, probes[name], TINY, *args(shakespeare_shards, out, *layout), nproc=nproc)
+        assert probe.returncode == 0, probe.stdout[-4000:]
+    native, back = (torch.load(probes[k], weights_only=False) for k in ("native", "universal"))
+    assert (native["how"], back["how"]) == ("native", "universal")
+    assert back["step"] == native["step"] == 10 and back["consumed_samples"] == 80
+    for key, tensor in native["weights"].items():
+        assert torch.equal(back["weights"][key], tensor), key
+        assert all(torch.equal(a, b) for a, b in zip(back["moments"][key], native["moments"][key])), key
+
 
 @pytest.mark.distributed
 def test_training_starts_from_an_imported_explicit_model(shakespeare_shards, tmp_path):
