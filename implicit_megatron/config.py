@@ -124,6 +124,24 @@ class DataConfig:
 
 
 @dataclass
+class WordProblemConfig:
+    """State tracking (data_pipeline.synthetic.word_problem): words of data.seq_len elements, labelled
+    with their prefix products at every position; made on the fly from data.seed."""
+
+    algebra: Literal["S5", "A5", "Ma_A5", "Ma_S5"] = "Ma_A5"
+    p: float | None = 0.1  # probability that a token's group part is not the identity; None: uniform over G
+    eval_p: float | None = 0.5  # the out-of-distribution evaluation (paper: 0.5)
+    eval_lengths: list[int] = field(default_factory=list)  # longer words, evaluated at p
+    eval_words: int = 256  # words per evaluation set
+
+
+@dataclass
+class TaskConfig:
+    kind: Literal["language_model", "word_problem"] = "language_model"
+    word_problem: WordProblemConfig = field(default_factory=WordProblemConfig)
+
+
+@dataclass
 class OptimizerConfig:
     lr: float = 3e-3
     betas: tuple[float, float] = (0.9, 0.95)
@@ -215,6 +233,7 @@ class Config:
     model: ModelConfig = field(default_factory=ModelConfig)
     implicit: ImplicitConfig = field(default_factory=ImplicitConfig)
     data: DataConfig = field(default_factory=DataConfig)
+    task: TaskConfig = field(default_factory=TaskConfig)
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
     schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
     curriculum: CurriculumConfig = field(default_factory=CurriculumConfig)
@@ -334,7 +353,9 @@ def validate(cfg: Config, sources: dict[str, str] | None = None, world_size: int
     non_negative("train.eval_iters", t.eval_iters)
     positive("checkpoint.interval", cfg.checkpoint.interval)
     non_negative("checkpoint.keep_last", cfg.checkpoint.keep_last)
-    if not cfg.data.prefixes:
+    if cfg.task.kind == "word_problem":
+        _validate_word_problem(cfg, fail)
+    elif not cfg.data.prefixes:
         fail("data.prefixes", "name at least one shard prefix (the output prefix of data_pipeline.preprocess)")
     if cfg.distributed.backend == "nccl" and check_files:
         import torch
@@ -346,8 +367,26 @@ def validate(cfg: Config, sources: dict[str, str] | None = None, world_size: int
     positive("data.seq_len", cfg.data.seq_len)
     if cfg.data.weights is not None and len(cfg.data.weights) != len(cfg.data.prefixes):
         fail("data.weights", f"{len(cfg.data.weights)} weights for {len(cfg.data.prefixes)} prefixes")
-    if check_files:
+    if check_files and cfg.task.kind == "language_model":
         _validate_tokenizer(cfg, fail)
+
+
+def _validate_word_problem(cfg: Config, fail) -> None:
+    from data_pipeline.synthetic.algebra import get_algebra
+
+    w = cfg.task.word_problem
+    for key in ("p", "eval_p"):
+        value = getattr(w, key)
+        if value is not None and not 0 <= value <= 1:
+            fail(f"task.word_problem.{key}", f"expected a probability in [0, 1] or null, got {value}")
+    if w.eval_words < 1 or any(length < 1 for length in w.eval_lengths):
+        fail("task.word_problem.eval_words", "evaluation sets need at least one word of at least one element")
+    size = get_algebra(w.algebra).size
+    if cfg.model.vocab_size != size:
+        fail("model.vocab_size", f"the {w.algebra} word problem has {size} elements (inputs and labels); "
+                                 f"set model.vocab_size={size}")
+    if cfg.model.separate_documents:
+        fail("model.separate_documents", "word problems have no documents to separate")
 
 
 def _validate_curriculum(cfg: Config, fail) -> None:

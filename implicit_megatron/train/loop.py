@@ -21,16 +21,15 @@ import torch.distributed as dist
 import torch.nn.functional as F
 import yaml
 
-from data_pipeline.packed import DistributedBatchIterator
 from data_pipeline.tokenizer import load_tokenizer
 from implicit_megatron.builder import build_model
 from implicit_megatron.config import Config, PhaseConfig, phase_bounds
 from implicit_megatron.models.lm import seq_idx_from_eod
 from implicit_megatron.train import checkpoint, handoff
-from implicit_megatron.train.data import prepare_shards, train_batches, valid_dataset
 from implicit_megatron.train.engine import build_engine, init_distributed
 from implicit_megatron.train.flops import peak_flops_per_device, step_flops
 from implicit_megatron.train.schedule import learning_rate
+from implicit_megatron.train.tasks import build_task
 from implicit_megatron.train.tracking import Tracker
 
 NAN_LOSS_AT_STEP = "IMPLICIT_MEGATRON_NAN_LOSS_AT_STEP"  # a step (1-based) whose loss is made NaN
@@ -65,11 +64,12 @@ class Trainer:
         self.cfg = cfg
         init_distributed(cfg)
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
+        self.task = build_task(cfg)
         if self.rank == 0:
             out = Path(cfg.output_dir)
             out.mkdir(parents=True, exist_ok=True)
             (out / "config.yaml").write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
-            prepare_shards(cfg)
+            self.task.prepare()
         dist.barrier()
         torch.manual_seed(cfg.train.seed)
         self.model = build_model(cfg)
@@ -79,8 +79,7 @@ class Trainer:
         self.engine = build_engine(cfg, self.model, load_universal=self.source is not None
                                    and self.source.how == "universal")
         self.accum = self.engine.gradient_accumulation_steps()
-        self.batches = train_batches(cfg, self.rank, self.world, self.accum)
-        self.valid = valid_dataset(cfg)
+        self.batches = self.task.train_batches(self.rank, self.world, self.accum)
         self.progress = Progress()
         self.tracker = Tracker(cfg, active=self.rank == 0)
         self.stop_requested = False
@@ -207,11 +206,13 @@ class Trainer:
             group["lr"] = lr
         started = time.perf_counter()
         grad_norm = None
-        losses, passes, phantom, residual, converged = [], 0, 0, [], []
+        losses, correct, passes, phantom, residual, converged = [], [], 0, 0, [], []
         for _ in range(self.accum):
-            batch = next(self.batches)
-            inputs, labels = batch[:, :-1].to(self.engine.device), batch[:, 1:].to(self.engine.device)
-            loss = lm_loss(self.forward(inputs), labels)
+            inputs, labels = (t.to(self.engine.device) for t in self.task.inputs_and_targets(next(self.batches)))
+            logits = self.forward(inputs)
+            loss = lm_loss(logits, labels)
+            if self.task.reports_accuracy:
+                correct.append(self.accuracy(logits, labels))
             if step + 1 == self.nan_loss_at_step:  # fault injection for the tests
                 loss = loss * float("nan")
             self.engine.backward(loss)
@@ -237,6 +238,8 @@ class Trainer:
         p.nonfinite_steps = 0 if finite else p.nonfinite_steps + 1
         metrics = {"train/loss": loss, "train/lr": lr, "train/tokens_per_s": tokens / seconds,
                    "train/consumed_samples": p.consumed_samples}
+        if correct:
+            metrics["train/accuracy"] = sum(correct) / len(correct)
         grad_norm = self.engine.get_global_grad_norm() if grad_norm is None else grad_norm
         if grad_norm is not None:
             metrics["train/grad_norm"] = float(grad_norm)
@@ -259,36 +262,54 @@ class Trainer:
 
     @torch.no_grad()
     def evaluate(self) -> dict[str, float]:
+        """Every evaluation set of the task: loss (and perplexity or accuracy), solver passes."""
         self.engine.eval()
-        batches = DistributedBatchIterator(self.valid, self.cfg.train.micro_batch_size, self.rank, self.world)
-        total, count, passes = 0.0, 0, 0
-        for _ in range(min(self.cfg.train.eval_iters, len(batches))):
-            batch = next(batches).to(self.engine.device)
-            total += lm_loss(self.forward(batch[:, :-1]), batch[:, 1:]).item()
-            count += 1
-            stats = self.engine.module.core.last_stats
-            passes += stats.passes if stats is not None else 1
+        results = {}
+        for name, batches in self.task.eval_sets(self.rank, self.world).items():
+            loss_sum, correct, tokens, passes, forwards = 0.0, 0.0, 0, 0, 0
+            for batch in batches:  # sums over tokens, so that ranks with smaller batches weigh less
+                inputs, labels = (t.to(self.engine.device) for t in self.task.inputs_and_targets(batch))
+                logits = self.forward(inputs)
+                loss_sum += lm_loss(logits, labels).item() * labels.numel()
+                if self.task.reports_accuracy:
+                    correct += self.accuracy(logits, labels) * labels.numel()
+                tokens += labels.numel()
+                stats = self.engine.module.core.last_stats
+                passes, forwards = passes + (stats.passes if stats is not None else 1), forwards + 1
+            loss_sum, correct, tokens, passes, forwards = reduce_over_ranks(
+                [loss_sum, correct, tokens, passes, forwards], self.engine.device)
+            if not tokens:
+                continue
+            loss = loss_sum / tokens
+            results.update({f"{name}/loss": loss, f"{name}/solver_iterations": passes / forwards})
+            if self.task.reports_accuracy:
+                results[f"{name}/accuracy"] = correct / tokens
+            else:
+                results[f"{name}/ppl"] = math.exp(min(loss, 50.0))
         self.engine.train()
-        if count == 0:
-            return {}
-        loss, passes = mean_over_ranks([total / count, passes / count], self.engine.device)
-        self.last_eval = {"val/loss": loss, "val/ppl": math.exp(min(loss, 50.0)), "val/solver_iterations": passes}
-        return self.last_eval
+        self.last_eval = results
+        return results
+
+    def accuracy(self, logits: torch.Tensor, labels: torch.Tensor) -> float:
+        """The share of positions whose most likely class (among the real vocabulary) is the label."""
+        return (logits[..., : self.cfg.model.vocab_size].argmax(-1) == labels).float().mean().item()
 
     # ---------------------------------------------------------------- outputs
 
     def summary(self) -> None:
         ev = self.last_eval
-        if ev:
-            self.log(f"done at step {self.progress.step}: validation perplexity {ev['val/ppl']:.2f} "
+        if "val/loss" in ev:
+            measure = (f"accuracy {ev['val/accuracy']:.4f}" if "val/accuracy" in ev else
+                       f"perplexity {ev['val/ppl']:.2f}")
+            self.log(f"done at step {self.progress.step}: validation {measure} "
                      f"(loss {ev['val/loss']:.4f}), {ev['val/solver_iterations']:.1f} solver passes per forward; "
                      f"checkpoints in {checkpoint.checkpoint_dir(self.cfg)}")
 
     def report(self, metrics: dict[str, float]) -> None:
         if not metrics:
             return
-        keys = [k for k in ("train/loss", "train/grad_norm", "solver/iterations", "solver/residual",
-                            "solver/converged_frac", "val/loss", "val/solver_iterations") if k in metrics]
+        keys = [k for k in metrics if k in ("train/loss", "train/grad_norm", "train/accuracy", "solver/iterations",
+                                            "solver/residual", "solver/converged_frac")]
         reduced = dict(zip(keys, mean_over_ranks([metrics[k] for k in keys], self.engine.device)))
         if "solver/residual" in metrics:  # the worst rank's residual, not the mean
             (reduced["solver/residual"],) = reduce_over_ranks([metrics["solver/residual"]], self.engine.device,

@@ -160,3 +160,22 @@ def test_a_nonfinite_step_is_skipped_and_training_goes_on(stage, shakespeare_sha
     losses = {step: row["train/loss"] for step, row in records(tmp_path).items()}
     assert 3 not in losses  # a non-finite step is reported as such, not as metrics
     assert all(math.isfinite(losses[s]) for s in (1, 2, 4, 5, 6))  # the NaN gradients were never applied
+
+
+@pytest.mark.distributed
+def test_word_problem_trains_on_two_processes(tmp_path):
+    """The state-tracking task through the same entry: accuracy on every evaluation set, both ranks."""
+    args = ["data.seq_len=16", "train.global_batch_size=16", "train.micro_batch_size=4", "train.steps=6",
+            "train.eval_interval=3", "train.log_interval=1", "model.d_model=32", "model.mamba2.headdim=16",
+            "task.word_problem.eval_words=10", "task.word_problem.eval_lengths=[32]", f"train.output_dir={tmp_path}",
+            "tracking.enabled=false", "distributed.precision=fp32", "distributed.zero_stage=1",
+            "schedule.warmup_steps=1"]
+    result = run_torchrun("-m", "implicit_megatron.train", "configs/state_tracking/mamba2-implicit.yaml", *args)
+    assert result.returncode == 0, result.stdout[-5000:]
+    assert "done at step 6: validation accuracy" in result.stdout
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    evals = [r for r in rows if "val/accuracy" in r]
+    assert [r["step"] for r in evals] == [3, 6]
+    for key in ("val", "val_p0.5", "val_len32"):  # 10 words over 2 ranks: 5 each, micro-batches of 4 and 1
+        assert 0.0 <= evals[-1][f"{key}/accuracy"] <= 1.0 and evals[-1][f"{key}/solver_iterations"] > 1
+    assert all(0.0 <= r["train/accuracy"] <= 1.0 for r in rows if "train/loss" in r)

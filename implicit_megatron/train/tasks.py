@@ -1,0 +1,130 @@
+"""What a run learns: next-token prediction on packed shards, or the word problem's states.
+
+A task gives the trainer its batches (resumable, the same global order at every world size), the
+inputs and targets of a batch, and its evaluation sets; the loss is cross-entropy either way
+(over the next token, or over the state after each token). The word problem also reports
+accuracy, the paper's measure for state tracking.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import replace
+
+import numpy as np
+import torch
+
+from data_pipeline.packed import DistributedBatchIterator
+from implicit_megatron.config import Config
+
+
+class LanguageModelTask:
+    """Packed token windows of seq_len + 1: inputs are the first seq_len tokens, targets the last."""
+
+    reports_accuracy = False
+
+    def __init__(self, cfg: Config):
+        self.cfg = cfg
+
+    def prepare(self) -> None:
+        from implicit_megatron.train.data import prepare_shards
+
+        prepare_shards(self.cfg)
+
+    def train_batches(self, rank: int, world: int, accum: int) -> DistributedBatchIterator:
+        from implicit_megatron.train.data import train_batches
+
+        return train_batches(self.cfg, rank, world, accum)
+
+    def inputs_and_targets(self, batch: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return batch[:, :-1], batch[:, 1:]
+
+    def eval_sets(self, rank: int, world: int) -> dict[str, Iterator[torch.Tensor]]:
+        """The first train.eval_iters micro-batches of the validation split."""
+        from implicit_megatron.train.data import valid_dataset
+
+        if not hasattr(self, "_valid"):
+            self._valid = valid_dataset(self.cfg)
+        batches = DistributedBatchIterator(self._valid, self.cfg.train.micro_batch_size, rank, world)
+        count = min(self.cfg.train.eval_iters, len(batches))
+        return {"val": (next(batches) for _ in range(count))}
+
+
+class WordProblemStream:
+    """Global batch k is a function of (spec, k) alone; each rank takes its micro-batches from it,
+    so the data order is the same at every world size and a resume needs only k."""
+
+    def __init__(self, spec, global_batch: int, micro_batch: int, rank: int, world: int, accum: int):
+        self.spec, self.global_batch, self.micro_batch = spec, global_batch, micro_batch
+        self.rank, self.world, self.accum = rank, world, accum
+        self.step, self._queue = 0, []
+
+    def __iter__(self):
+        return self
+
+    def __next__(self) -> torch.Tensor:
+        """(2, micro_batch, length): inputs and labels."""
+        if not self._queue:
+            from data_pipeline.synthetic.word_problem import batch_rng, generate_words
+
+            words, labels = generate_words(self.spec, self.global_batch, batch_rng(self.spec.seed, 0, self.step))
+            self.step += 1
+            both = torch.from_numpy(np.stack([words, labels]).astype(np.int64))
+            per_rank = self.global_batch // self.world
+            mine = both[:, self.rank * per_rank:(self.rank + 1) * per_rank]
+            self._queue = list(mine.split(self.micro_batch, dim=1))
+        return self._queue.pop(0)
+
+    def state_dict(self) -> dict[str, int]:
+        return {"consumed_samples": self.step * self.global_batch, "global_batch_size": self.global_batch}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        if state["consumed_samples"] % self.global_batch:
+            raise ValueError(f"consumed_samples {state['consumed_samples']} is not a multiple of the global batch "
+                             f"{self.global_batch}")
+        self.step, self._queue = state["consumed_samples"] // self.global_batch, []
+
+
+class WordProblemTask:
+    """Inputs are group elements, targets the prefix products at the same positions (no shift)."""
+
+    reports_accuracy = True
+
+    def __init__(self, cfg: Config):
+        from data_pipeline.synthetic.word_problem import WordProblemSpec
+
+        self.cfg = cfg
+        w = cfg.task.word_problem
+        self.spec = WordProblemSpec(w.algebra, cfg.data.seq_len, w.p, cfg.data.seed)
+
+    def prepare(self) -> None:
+        """Nothing to build: words are made on the fly."""
+
+    def train_batches(self, rank: int, world: int, accum: int) -> WordProblemStream:
+        return WordProblemStream(self.spec, self.cfg.train.global_batch_size, self.cfg.train.micro_batch_size,
+                                 rank, world, accum)
+
+    def inputs_and_targets(self, batch: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return batch[0], batch[1]
+
+    def eval_sets(self, rank: int, world: int) -> dict[str, Iterator[torch.Tensor]]:
+        """In distribution (val), at eval_p (val_p{eval_p}), and at each longer length (val_len{L}):
+        fixed sets from seeds apart from training's, split across ranks."""
+        w = self.cfg.task.word_problem
+        sets = {"val": replace(self.spec, seed=self.spec.seed + 1)}
+        if w.eval_p != w.p:
+            sets[f"val_p{w.eval_p}"] = replace(self.spec, p=w.eval_p, seed=self.spec.seed + 2)
+        for length in w.eval_lengths:
+            sets[f"val_len{length}"] = replace(self.spec, length=length, seed=self.spec.seed + 3)
+        return {name: self._fixed_set(spec, rank, world) for name, spec in sets.items()}
+
+    def _fixed_set(self, spec, rank: int, world: int) -> Iterator[torch.Tensor]:
+        from data_pipeline.synthetic.word_problem import generate
+
+        words, labels = generate(spec.group, self.cfg.task.word_problem.eval_words, spec.length, spec.p, spec.seed)
+        both = torch.from_numpy(np.stack([words, labels]).astype(np.int64))[:, rank::world]
+        yield from both.split(self.cfg.train.micro_batch_size, dim=1)
+
+
+def build_task(cfg: Config) -> LanguageModelTask | WordProblemTask:
+    return WordProblemTask(cfg) if cfg.task.kind == "word_problem" else LanguageModelTask(cfg)
