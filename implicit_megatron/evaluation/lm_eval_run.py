@@ -1,0 +1,87 @@
+"""lm-evaluation-harness tasks through our adapter or through transformers' "hf" model.
+
+The paper's seven tasks need their data sets from the Hub. Offline, `include_path` names a
+folder of local task YAMLs (with jsonl data); then only those tasks are loaded, which also keeps
+start-up fast. The "hf" backend runs an exported folder through AutoModelForCausalLM with
+trust_remote_code=True, set to the same solver phase as our adapter.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+from implicit_megatron.evaluation.loading import LoadedModel
+from implicit_megatron.evaluation.phases import apply_solver
+
+PAPER_TASKS = ("lambada_openai", "hellaswag", "piqa", "arc_easy", "arc_challenge", "winogrande", "openbookqa")
+
+
+@dataclass
+class LmEvalOptions:
+    tasks: list[str] = field(default_factory=lambda: list(PAPER_TASKS))
+    include_path: str | None = None  # a folder of local task YAMLs
+    include_defaults: bool | None = None  # None: only when no include_path is given
+    backend: str = "implicit_megatron"  # or "hf" (an exported folder through transformers)
+    batch_size: int = 8
+    max_length: int | None = None  # None: the run's training length
+    limit: int | None = None  # documents per task
+    num_fewshot: int | None = None
+    mode: str = "simultaneous"  # how our adapter scores
+
+
+def build_lm(loaded: LoadedModel, options: LmEvalOptions):
+    """The harness model object for the chosen backend."""
+    if options.backend == "implicit_megatron":
+        from implicit_megatron.evaluation.lm_adapter import ImplicitMegatronLM
+
+        return ImplicitMegatronLM(loaded=loaded, batch_size=options.batch_size, max_length=options.max_length,
+                                  mode=options.mode)
+    if options.backend == "hf":
+        return hf_lm(loaded, options)
+    raise ValueError(f"unknown lm-eval backend {options.backend!r} (implicit_megatron or hf)")
+
+
+def hf_lm(loaded: LoadedModel, options: LmEvalOptions):
+    """lm_eval's HFLM on the exported folder loaded by transformers (trust_remote_code=True)."""
+    if loaded.kind != "export":
+        raise ValueError(f"{loaded.source}: the hf backend needs an exported folder; write one with "
+                         "tools/convert_checkpoint.py export")
+    from lm_eval.models.huggingface import HFLM
+    from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
+
+    model = AutoModelForCausalLM.from_pretrained(loaded.source, trust_remote_code=True).eval()
+    model.to(loaded.model.embedding.weight.device)
+    apply_solver(model._language_model[0], loaded.solver)
+    backend = loaded.tokenizer.backend
+    eos = backend.id_to_token(loaded.tokenizer.eod_id)
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, eos_token=eos, pad_token=eos)
+    return HFLM(pretrained=model, tokenizer=tokenizer, batch_size=options.batch_size,
+                max_length=options.max_length or loaded.cfg.data.seq_len, device=str(model.device))
+
+
+def run_lm_eval(loaded: LoadedModel, options: LmEvalOptions) -> dict:
+    """{"backend", "tasks": {task: {metric: value}}, "n_samples": {task: count}}."""
+    os.environ.setdefault("HF_DATASETS_OFFLINE", "1" if options.include_path else "0")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    from lm_eval import simple_evaluate
+    from lm_eval.tasks import TaskManager
+
+    include_defaults = options.include_defaults
+    if include_defaults is None:
+        include_defaults = options.include_path is None
+    manager = TaskManager(include_path=options.include_path, include_defaults=include_defaults)
+    unknown = [t for t in options.tasks if t not in manager.all_tasks]
+    if unknown:
+        where = options.include_path or "lm-eval's default tasks"
+        raise ValueError(f"unknown lm-eval task(s) {', '.join(unknown)} in {where}")
+    out = simple_evaluate(model=build_lm(loaded, options), tasks=list(options.tasks), task_manager=manager,
+                          limit=options.limit, num_fewshot=options.num_fewshot, log_samples=False,
+                          bootstrap_iters=0, batch_size=options.batch_size)
+    tasks = {}
+    for task, metrics in out["results"].items():
+        tasks[task] = {k.split(",")[0]: float(v) for k, v in metrics.items()
+                       if isinstance(v, (int, float)) and "_stderr" not in k}
+    return {"backend": options.backend, "mode": options.mode, "tasks": tasks,
+            "n_samples": {t: int(n.get("effective", n.get("original", 0))) if isinstance(n, dict) else int(n)
+                          for t, n in out.get("n-samples", {}).items()}}

@@ -1,0 +1,72 @@
+"""PNG figures like the paper's: per-position perplexity (length extrapolation), solver passes per
+token, and the per-position perplexity difference between sequential and simultaneous mode."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only; no display on clusters
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _centres(buckets: list[dict]) -> list[float]:
+    return [(b["start"] + b["end"]) / 2 for b in buckets]
+
+
+def per_position_plot(extrapolation: dict, train_len: int, label: str, out: Path) -> Path:
+    """Perplexity per position bucket at each evaluation length; the trained length is shaded."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(6.4, 4.0))
+    for length in sorted(extrapolation["lengths"], key=int):
+        buckets = extrapolation["lengths"][length]["positions"]
+        ax.plot(_centres(buckets), [b["ppl"] for b in buckets], marker=".", label=f"L = {length}")
+    ax.axvspan(0, train_len, color="0.85", zorder=0, label="trained length")
+    ax.set_xlabel("token position")
+    ax.set_ylabel("perplexity")
+    ax.set_title(f"Per-position perplexity: {label}")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(out, dpi=120)
+    plt.close(fig)
+    return out
+
+
+def passes_plot(dynamics: dict, label: str, out: Path) -> Path:
+    """Solver passes per token in sequential mode against the position; simultaneous mean for scale."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(6.4, 4.0))
+    buckets = dynamics.get("passes_per_position") or []
+    if buckets:
+        ax.plot(_centres(buckets), [b["passes"] for b in buckets], marker=".", label="sequential (per token)")
+    ax.axhline(dynamics["mean_passes"], color="C1", linestyle="--", label="simultaneous (per forward)")
+    ax.set_xlabel("token position")
+    ax.set_ylabel("solver passes")
+    ax.set_ylim(bottom=0)
+    ax.set_title(f"Iterations per token: {label}")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(out, dpi=120)
+    plt.close(fig)
+    return out
+
+
+def duality_plot(duality: dict, label: str, out: Path) -> Path:
+    """Perplexity difference (sequential - simultaneous) per position bucket, as the paper's Fig. 1C."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(6.4, 4.0))
+    buckets = duality["positions"]
+    ax.plot(_centres(buckets), [b["difference"] for b in buckets], marker=".")
+    ax.axhline(0.0, color="0.5", linewidth=0.8)
+    ax.set_xlabel("token position")
+    ax.set_ylabel("ppl sequential − ppl simultaneous")
+    ax.set_title(f"Duality: {label}, greedy match {100 * duality['match_rate']:.2f} %")
+    fig.tight_layout()
+    fig.savefig(out, dpi=120)
+    plt.close(fig)
+    return out

@@ -1,0 +1,192 @@
+"""The tasks of tools/evaluate.py: run what was asked, share what tasks have in common, write files.
+
+ppl and extrapolation share one simultaneous pass per length (ppl is the first length), dynamics
+reads that pass's solver statistics, and dynamics and duality share one sequential-mode pass
+over the first `sequential_windows` windows of the first length. Outputs: results.json,
+results.md (the paper's table layouts) and PNG plots in `output`, and MLflow when `run_dir` is set.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from implicit_megatron.evaluation import plots, report
+from implicit_megatron.evaluation.duality import compare_modes
+from implicit_megatron.evaluation.dynamics import summarize
+from implicit_megatron.evaluation.lm_eval_run import LmEvalOptions, run_lm_eval
+from implicit_megatron.evaluation.loading import LoadedModel, classify, load_model
+from implicit_megatron.evaluation.perplexity import NLLResult, position_buckets, token_nll
+from implicit_megatron.evaluation.phases import SolverChoice
+from implicit_megatron.evaluation.sequential import SequentialResult, run_sequential
+from implicit_megatron.evaluation.windows import check_prefix, load_windows
+
+TASKS = ("ppl", "extrapolation", "dynamics", "duality", "lm_eval")
+DATA_TASKS = ("ppl", "extrapolation", "dynamics", "duality")
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp64": torch.float64}
+
+
+@dataclass
+class EvalOptions:
+    model: str  # a checkpoint folder or an exported folder
+    data: str | None = None  # shard prefix ({prefix}_test.bin/.idx)
+    tasks: list[str] = field(default_factory=lambda: list(DATA_TASKS))
+    seq_lens: list[int] | None = None  # None: the trained length x 1, 2, 4, 8
+    batch_size: int = 8
+    max_windows: int | None = None  # per length in simultaneous mode (None: the whole split)
+    sequential_windows: int = 8  # windows run token by token for dynamics and duality
+    position_buckets: int = 32
+    split: str = "test"
+    seed: int | None = None  # packing seed (None: the run's data.seed)
+    output: str | None = None  # None: <run>/evaluation, or <export>/evaluation
+    device: str = "cpu"
+    dtype: str = "fp32"
+    solver: SolverChoice = field(default_factory=SolverChoice)
+    lm_eval: LmEvalOptions = field(default_factory=LmEvalOptions)
+    run_dir: str | None = None  # log to this run's MLflow store
+
+
+def check_options(options: EvalOptions) -> None:
+    """Refuse bad task names and missing data before a model is loaded."""
+    unknown = [t for t in options.tasks if t not in TASKS]
+    if unknown or not options.tasks:
+        raise ValueError(f"unknown task(s) {', '.join(unknown) or '(none given)'}; choose from {', '.join(TASKS)}")
+    if any(t in DATA_TASKS for t in options.tasks):
+        if not options.data:
+            raise ValueError(f"tasks {', '.join(t for t in options.tasks if t in DATA_TASKS)} need --data PREFIX")
+        check_prefix(options.data, options.split)
+    if options.dtype not in DTYPES:
+        raise ValueError(f"unknown dtype {options.dtype!r}; choose from {', '.join(DTYPES)}")
+    classify(options.model)
+
+
+def default_output(loaded: LoadedModel) -> Path:
+    """<export>/evaluation, or <run>/evaluation beside the run's checkpoints/ folder."""
+    kind, folder, _ = classify(loaded.source)
+    return folder / "evaluation" if kind == "export" else folder.parent / "evaluation"
+
+
+class Evaluation:
+    """One model on one data prefix; each result is computed at most once."""
+
+    def __init__(self, options: EvalOptions, log: Callable[[str], None]):
+        self.options, self.log = options, log
+        self.loaded = load_model(options.model, options.device, DTYPES[options.dtype], options.solver)
+        cfg = self.loaded.cfg
+        self.train_len = cfg.data.seq_len
+        self.lengths = options.seq_lens or [self.train_len * f for f in (1, 2, 4, 8)]
+        self.seed = options.seed if options.seed is not None else cfg.data.seed
+        self._nll: dict[int, NLLResult] = {}
+        self._sequential: tuple[NLLResult, SequentialResult] | None = None
+
+    def windows(self, length: int, count: int | None) -> torch.Tensor:
+        return load_windows(self.options.data, length, self.seed, self.options.split, count)
+
+    def nll(self, length: int) -> NLLResult:
+        if length not in self._nll:
+            start = time.time()
+            windows = self.windows(length, self.options.max_windows)
+            self._nll[length] = token_nll(self.loaded.model, windows, self.options.batch_size)
+            self.log(f"simultaneous mode, length {length}: {len(windows)} windows, ppl "
+                     f"{self._nll[length].ppl:.3f} ({time.time() - start:.1f} s)")
+        return self._nll[length]
+
+    def sequential(self) -> tuple[NLLResult, SequentialResult]:
+        """Both modes on the same windows of the first length, batched alike."""
+        if self._sequential is None:
+            start = time.time()
+            windows = self.windows(self.lengths[0], self.options.sequential_windows)
+            simultaneous = token_nll(self.loaded.model, windows, self.options.batch_size)
+            sequential = run_sequential(self.loaded.model, windows, self.options.batch_size)
+            self._sequential = (simultaneous, sequential)
+            self.log(f"sequential mode, length {self.lengths[0]}: {len(windows)} windows "
+                     f"({time.time() - start:.1f} s)")
+        return self._sequential
+
+    # ---------------------------------------------------------------- tasks
+
+    def ppl(self) -> dict:
+        r = self.nll(self.lengths[0])
+        return {"seq_len": r.seq_len, "windows": r.nll.shape[0], "tokens": r.tokens, "nll": r.mean_nll,
+                "ppl": r.ppl}
+
+    def extrapolation(self) -> dict:
+        lengths = {}
+        for length in self.lengths:
+            r = self.nll(length)
+            lengths[str(length)] = {"ppl": r.ppl, "nll": r.mean_nll, "windows": r.nll.shape[0], "tokens": r.tokens,
+                                    "positions": position_buckets(r.nll, self.options.position_buckets)}
+        return {"train_seq_len": self.train_len, "lengths": lengths}
+
+    def dynamics(self) -> dict:
+        _, sequential = self.sequential()
+        return summarize(self.nll(self.lengths[0]), sequential, self.options.position_buckets).to_dict()
+
+    def duality(self) -> dict:
+        simultaneous, sequential = self.sequential()
+        return compare_modes(simultaneous, sequential, self.options.position_buckets).to_dict()
+
+    def lm_eval(self) -> dict:
+        return run_lm_eval(self.loaded, self.options.lm_eval)
+
+    def model_info(self) -> dict:
+        loaded = self.loaded
+        step = re.search(r"step(\d+)$", loaded.tag or "")
+        return {"label": loaded.label, "name": loaded.cfg.name, "source": loaded.source, "kind": loaded.kind,
+                "tag": loaded.tag, "step": int(step.group(1)) if step else None, "solver": loaded.solver,
+                "arch": loaded.cfg.model.arch, "parameters": loaded.model.num_parameters(),
+                "train_seq_len": self.train_len}
+
+
+def run_evaluation(options: EvalOptions, log: Callable[[str], None] | None = None) -> dict:
+    """Run the tasks, write the output files, log to MLflow; returns the results dict."""
+    log = log or (lambda message: print(f"[evaluate] {message}", file=sys.stderr, flush=True))
+    check_options(options)
+    evaluation = Evaluation(options, log)
+    log(f"{evaluation.loaded.label} from {options.model}: {report.describe_solver(evaluation.loaded.solver)}")
+    results: dict = {"model": evaluation.model_info(),
+                     "data": {"prefix": options.data, "split": options.split, "seed": evaluation.seed},
+                     "seconds": {}}
+    for task in TASKS:
+        if task in options.tasks:
+            start = time.time()
+            results[task] = getattr(evaluation, task)()
+            results["seconds"][task] = round(time.time() - start, 2)
+    out = Path(options.output) if options.output else default_output(evaluation.loaded)
+    files = write_outputs(results, out)
+    results["files"] = [str(f) for f in files]
+    if options.run_dir:
+        results["mlflow_run_id"] = log_mlflow(options.run_dir, evaluation.loaded, results, files)
+        log(f"logged to MLflow run {results['mlflow_run_id']} in {options.run_dir}")
+    (out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
+    return results
+
+
+def write_outputs(results: dict, out: Path) -> list[Path]:
+    """results.json, results.md and the plots the results allow."""
+    out.mkdir(parents=True, exist_ok=True)
+    label = results["model"]["label"]
+    files = [out / "results.json", out / "results.md"]
+    (out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
+    (out / "results.md").write_text(report.render(results))
+    if "extrapolation" in results:
+        files.append(plots.per_position_plot(results["extrapolation"], results["model"]["train_seq_len"], label,
+                                             out / "per_position_ppl.png"))
+    if "dynamics" in results:
+        files.append(plots.passes_plot(results["dynamics"], label, out / "iterations_per_token.png"))
+    if "duality" in results:
+        files.append(plots.duality_plot(results["duality"], label, out / "duality.png"))
+    return files
+
+
+def log_mlflow(run_dir: str, loaded: LoadedModel, results: dict, files: list[Path]) -> str:
+    from implicit_megatron.evaluation.tracking import log_results
+
+    return log_results(run_dir, loaded.cfg, results, files)

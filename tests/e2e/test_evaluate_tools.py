@@ -1,0 +1,77 @@
+"""tools/evaluate.py and tools/generate.py as a user runs them, on the tiny trained model."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from support.processes import ROOT, child_env
+from support.tiny_model import train_tiny
+
+TASKS = "tests/unit/evaluation/fixtures/lm_eval"
+
+
+@pytest.fixture(scope="module")
+def tiny_run(shakespeare_shards, tmp_path_factory):
+    return train_tiny(tmp_path_factory.getbasetemp() / "tiny-eval-model", shakespeare_shards)
+
+
+def tool(name: str, *args: str, timeout: int = 240) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, f"tools/{name}.py", *map(str, args)], cwd=ROOT, capture_output=True,
+                          text=True, timeout=timeout, env=child_env(HF_DATASETS_OFFLINE="1", HF_HUB_OFFLINE="1"))
+
+
+def test_every_task_writes_its_files_and_logs_to_mlflow(tiny_run, shakespeare_shards, tmp_path):
+    out = tmp_path / "eval"
+    result = tool("evaluate", tiny_run.checkpoints, "--data", shakespeare_shards, "--tasks",
+                  "ppl,extrapolation,dynamics,duality,lm_eval", "--seq-lens", "64,128", "--max-windows", "4",
+                  "--sequential-windows", "2", "--batch-size", "2", "--lm-eval-tasks", "tiny_lambada,tiny_piqa",
+                  "--lm-eval-include", TASKS, "--output", out, "--run", tiny_run.run_dir)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "## Length extrapolation (Table 8 layout)" in result.stdout
+    files = {p.name for p in out.iterdir()}
+    assert files == {"results.json", "results.md", "per_position_ppl.png", "iterations_per_token.png", "duality.png"}
+    assert all((out / name).read_bytes()[:4] == b"\x89PNG" for name in files if name.endswith(".png"))
+    results = json.loads((out / "results.json").read_text())
+    assert results["model"]["tag"] == "free-step30" and results["model"]["solver"]["label"] == "(24+4)"
+    assert set(results["lm_eval"]["tasks"]) == {"tiny_lambada", "tiny_piqa"}
+    table = (out / "results.md").read_text()
+    assert "tiny_lambada acc" in table and "Greedy match" in table and "Inference steps" in table
+
+    from mlflow import MlflowClient
+
+    client = MlflowClient(tracking_uri=f"sqlite:///{Path(tiny_run.run_dir).resolve() / 'mlflow.db'}")
+    run_id = results["mlflow_run_id"]  # a new run named tiny-eval-eval: the folder had none
+    assert client.get_run(run_id).info.run_name == "tiny-eval-eval"
+    metrics = client.get_run(run_id).data.metrics
+    assert metrics["eval/ppl"] == pytest.approx(results["ppl"]["ppl"])
+    assert "eval/duality/match_rate" in metrics and "eval/tiny_piqa/acc" in metrics
+    assert {a.path for a in client.list_artifacts(run_id, "evaluation")} >= {"evaluation/results.md"}
+
+
+def test_greedy_generation_prints_passes_per_token(tiny_run):
+    result = tool("generate", tiny_run.export, "--prompt", "ROMEO:", "--max-new-tokens", "5", "--temperature", "0",
+                  "--ignore-eod", "--verbose")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.startswith("ROMEO:")
+    per_token = [line for line in result.stderr.splitlines() if line.startswith("[generate] token")]
+    assert len(per_token) == 5 and all("passes" in line for line in per_token)
+    assert "solver passes per token on average" in result.stderr
+
+
+def test_a_path_that_is_no_model_is_refused(tmp_path, shakespeare_shards):
+    (tmp_path / "notes.txt").write_text("not a model")
+    for name in ("evaluate", "generate"):
+        args = ["--data", shakespeare_shards] if name == "evaluate" else ["--prompt", "x"]
+        result = tool(name, tmp_path, *args)
+        assert result.returncode == 2
+        assert "neither a checkpoint folder" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_a_missing_data_prefix_is_refused(tiny_run, tmp_path):
+    result = tool("evaluate", tiny_run.export, "--data", tmp_path / "neox", "--tasks", "ppl")
+    assert result.returncode == 2
+    assert "no test shards for prefix" in result.stderr and "Traceback" not in result.stderr

@@ -1,0 +1,51 @@
+"""Loading either kind of folder, the solver phase it implies, and clear errors for anything else."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from implicit_megatron.evaluation.loading import NotAModelError, classify, load_model
+from implicit_megatron.evaluation.phases import SolverChoice, resolve_solver
+from implicit_megatron.evaluation.windows import check_prefix
+
+
+def test_checkpoint_folder_and_export_give_the_same_model(tiny_run):
+    from_checkpoint = load_model(tiny_run.checkpoints)
+    from_export = load_model(tiny_run.export)
+    assert from_checkpoint.kind == "checkpoint" and from_checkpoint.tag == "free-step30"
+    assert from_export.kind == "export"
+    assert from_checkpoint.solver == from_export.solver  # the tag's phase; the export's last phase
+    ids = torch.randint(0, 1000, (2, 16))
+    with torch.no_grad():
+        assert torch.allclose(from_checkpoint.model(ids), from_export.model(ids), atol=1e-5)
+    assert from_export.tokenizer.encode("ROMEO:") == from_checkpoint.tokenizer.encode("ROMEO:")
+    assert classify(tiny_run.run_dir)[0] == "checkpoint"  # a run folder is read through its checkpoints/
+
+
+def test_the_solver_follows_the_phase_and_the_overrides(tiny_run):
+    cfg = load_model(tiny_run.export).cfg
+    free = resolve_solver(cfg, None, SolverChoice())
+    assert (free["phase"], free["label"], free["tol"], free["cap"]) == ("free", "(24+4)", 0.05, 96)
+    bounded = resolve_solver(cfg, "bounded", SolverChoice())
+    assert (bounded["label"], bounded["tol"], bounded["cap"]) == ("(4+1)", None, 4)
+    assert resolve_solver(cfg, "bounded", SolverChoice(phase="free", max_iter=7, tol=0.01))["cap"] == 7
+    with pytest.raises(ValueError, match="phase 'middle' is not in the run's curriculum"):
+        resolve_solver(cfg, None, SolverChoice(phase="middle"))
+    model = load_model(tiny_run.export, choice=SolverChoice(max_iter=7, tol=0.01)).model
+    assert model.core.settings.cap(training=False) == 7 and model.core.settings.tol == 0.01
+
+
+def test_a_path_that_is_no_model_is_refused_clearly(tmp_path):
+    with pytest.raises(NotAModelError, match="no such file or directory"):
+        classify(tmp_path / "missing")
+    (tmp_path / "notes.txt").write_text("hello")
+    with pytest.raises(NotAModelError, match="neither a checkpoint folder .* nor an exported folder"):
+        classify(tmp_path)
+
+
+def test_a_missing_data_prefix_is_refused_clearly(tmp_path):
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        check_prefix(str(tmp_path / "nowhere" / "neox"))
+    with pytest.raises(FileNotFoundError, match="no test shards for prefix"):
+        check_prefix(str(tmp_path / "neox"))

@@ -1,0 +1,79 @@
+"""Perplexity, extrapolation, dynamics and duality on the tiny trained model."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from implicit_megatron.evaluation.perplexity import position_buckets
+from implicit_megatron.evaluation.phases import SolverChoice
+from implicit_megatron.evaluation.runner import EvalOptions, run_evaluation
+
+
+@pytest.fixture(scope="module")
+def results(tiny_run, shakespeare_shards, tmp_path_factory):
+    options = EvalOptions(model=str(tiny_run.export), data=shakespeare_shards, seq_lens=[64, 128], batch_size=4,
+                          max_windows=8, sequential_windows=4, position_buckets=8,
+                          tasks=["ppl", "extrapolation", "dynamics", "duality"],
+                          solver=SolverChoice(tol=1e-4, max_iter=200),
+                          output=str(tmp_path_factory.mktemp("eval-out")))
+    return run_evaluation(options, log=lambda message: None)
+
+
+def test_perplexity_is_exp_of_the_mean_token_nll(results, tiny_run, shakespeare_shards):
+    """Recomputed here with a plain loop over the same packed test windows and the same batches."""
+    from data_pipeline.packed import build_packed_dataset
+    from implicit_megatron import from_pretrained
+    from implicit_megatron.evaluation.phases import apply_solver
+
+    model = from_pretrained(tiny_run.export)
+    apply_solver(model, results["model"]["solver"])
+    test = build_packed_dataset([shakespeare_shards], None, "test", 64, seed=1234)
+    total, count = 0.0, 0
+    with torch.no_grad():
+        for start in range(0, 8, 4):
+            batch = torch.stack([torch.from_numpy(test[i]) for i in range(start, start + 4)])
+            logits = model(batch[:, :-1])
+            total += F.cross_entropy(logits.flatten(0, 1), batch[:, 1:].flatten(), reduction="sum").item()
+            count += batch[:, 1:].numel()
+    assert results["ppl"]["tokens"] == count == 8 * 64
+    assert results["ppl"]["ppl"] == pytest.approx(math.exp(total / count), rel=1e-5)
+
+
+def test_extrapolation_reports_every_length_and_position_bucket(results):
+    lengths = results["extrapolation"]["lengths"]
+    assert sorted(lengths, key=int) == ["64", "128"]
+    assert lengths["64"]["ppl"] == pytest.approx(results["ppl"]["ppl"])
+    buckets = lengths["128"]["positions"]
+    assert [b["start"] for b in buckets] == list(range(0, 128, 16)) and buckets[-1]["end"] == 128
+    assert all(b["ppl"] > 1 for b in buckets)
+
+
+def test_dynamics_reports_passes_and_residual(results):
+    dynamics = results["dynamics"]
+    assert 1 <= dynamics["mean_passes"] <= 200 and dynamics["phantom_passes"] == 4
+    assert dynamics["residual"] < 1e-4 and dynamics["converged_frac"] == 1.0
+    assert dynamics["sequential_mean_passes"] >= 1 and len(dynamics["passes_per_position"]) == 8
+
+
+def test_both_modes_agree_on_a_converging_model(results):
+    duality = results["duality"]
+    assert duality["tokens"] == 4 * 64
+    assert duality["match_rate"] >= 0.99
+    assert abs(duality["ppl_difference"]) < 1e-2 * duality["ppl_simultaneous"]
+
+
+def test_files_are_written(results):
+    names = {p.rsplit("/", 1)[-1] for p in results["files"]}
+    assert names == {"results.json", "results.md", "per_position_ppl.png", "iterations_per_token.png",
+                     "duality.png"}
+
+
+def test_position_buckets_average_nll_before_exponentiating():
+    nll = torch.tensor([[1.0, 2.0, 3.0, 5.0], [3.0, 2.0, 1.0, 1.0]], dtype=torch.float64)
+    buckets = position_buckets(nll, 2)
+    assert [(b["start"], b["end"]) for b in buckets] == [(0, 2), (2, 4)]
+    assert buckets[0]["ppl"] == pytest.approx(math.exp(2.0)) and buckets[1]["ppl"] == pytest.approx(math.exp(2.5))

@@ -1,0 +1,107 @@
+"""Evaluate a trained model as the paper does.
+
+    python tools/evaluate.py CHECKPOINT_OR_EXPORT --data PREFIX [--tasks ppl,extrapolation,dynamics,duality,lm_eval]
+        [--seq-lens 2048,4096,8192,16384] [--max-iter N] [--tol EPS] [--phase NAME] [--batch-size N]
+        [--max-windows N] [--sequential-windows N] [--output DIR] [--device cpu|cuda] [--dtype fp32|bf16]
+        [--run RUN_DIR] [--lm-eval-tasks T1,T2] [--lm-eval-include PATH] [--lm-eval-backend implicit_megatron|hf]
+
+CHECKPOINT_OR_EXPORT is a run's checkpoints/ folder (any ZeRO stage; its `latest` tag, or --tag) or
+a folder written by tools/convert_checkpoint.py export. The solver runs the (s+k) phase the weights
+were trained in (a checkpoint's tag names it; an export is taken as the end of its run), capped
+at max_iter x eval_factor passes in a free phase; --phase, --max-iter and --tol override.
+
+Tasks: ppl (test-split perplexity at the first length), extrapolation (perplexity and
+per-position perplexity at every length), dynamics (solver passes and final relative residual),
+duality (greedy match and perplexity difference of simultaneous and sequential mode), lm_eval
+(lm-evaluation-harness; the paper's seven tasks by default, which need the Hub; offline, name
+local task YAMLs with --lm-eval-include). Writes results.json, results.md (the paper's table
+layouts) and PNG plots to --output (default: the run's evaluation/ folder); --run logs them to
+that run's MLflow store.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+
+def int_list(text: str) -> list[int]:
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"expected positive lengths, got {text!r}")
+    return values
+
+
+def names(text: str) -> list[str]:
+    return [v.strip() for v in text.split(",") if v.strip()]
+
+
+def parse(argv: list[str] | None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("model", help="a run's checkpoints/ folder or an exported folder")
+    p.add_argument("--data", default=None, help="shard prefix: {prefix}_test.bin/.idx")
+    p.add_argument("--tasks", type=names, default=["ppl", "extrapolation", "dynamics", "duality"])
+    p.add_argument("--seq-lens", type=int_list, default=None, help="default: the trained length x 1,2,4,8")
+    p.add_argument("--split", default="test")
+    p.add_argument("--seed", type=int, default=None, help="packing seed (default: the run's data.seed)")
+    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--max-windows", type=int, default=None, help="windows per length (default: the whole split)")
+    p.add_argument("--sequential-windows", type=int, default=8, help="windows run token by token")
+    p.add_argument("--position-buckets", type=int, default=32)
+    p.add_argument("--phase", default=None, help="evaluate with this curriculum phase's (s+k) and tolerance")
+    p.add_argument("--max-iter", type=int, default=None, help="cap on solver passes per forward")
+    p.add_argument("--tol", type=float, default=None, help="stopping tolerance of the relative residual")
+    p.add_argument("--output", default=None)
+    p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
+    p.add_argument("--dtype", default="fp32", choices=("fp32", "bf16", "fp64"))
+    p.add_argument("--run", dest="run_dir", default=None, help="a run folder: log to its MLflow store")
+    p.add_argument("--lm-eval-tasks", type=names, default=None, help="default: the paper's seven tasks")
+    p.add_argument("--lm-eval-include", default=None, help="a folder of local lm-eval task YAMLs")
+    p.add_argument("--lm-eval-defaults", action="store_true",
+                   help="with --lm-eval-include, also load lm-eval's own task list (slow)")
+    p.add_argument("--lm-eval-backend", default="implicit_megatron", choices=("implicit_megatron", "hf"))
+    p.add_argument("--lm-eval-limit", type=int, default=None, help="documents per task")
+    p.add_argument("--lm-eval-fewshot", type=int, default=None)
+    p.add_argument("--lm-eval-mode", default="simultaneous", choices=("simultaneous", "sequential"),
+                   help="how the implicit_megatron backend scores (generation is always sequential)")
+    p.add_argument("--lm-eval-max-length", type=int, default=None, help="default: the trained length")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse(argv)
+    from implicit_megatron.evaluation.lm_eval_run import PAPER_TASKS, LmEvalOptions
+    from implicit_megatron.evaluation.loading import NotAModelError
+    from implicit_megatron.evaluation.phases import SolverChoice
+    from implicit_megatron.evaluation.runner import EvalOptions, run_evaluation
+    from implicit_megatron.utils.typed_yaml import ConfigError
+
+    lm_eval = LmEvalOptions(tasks=args.lm_eval_tasks or list(PAPER_TASKS), include_path=args.lm_eval_include,
+                            include_defaults=True if args.lm_eval_defaults else None, backend=args.lm_eval_backend,
+                            batch_size=args.batch_size, max_length=args.lm_eval_max_length,
+                            limit=args.lm_eval_limit, num_fewshot=args.lm_eval_fewshot, mode=args.lm_eval_mode)
+    options = EvalOptions(model=args.model, data=args.data, tasks=args.tasks, seq_lens=args.seq_lens,
+                          batch_size=args.batch_size, max_windows=args.max_windows,
+                          sequential_windows=args.sequential_windows, position_buckets=args.position_buckets,
+                          split=args.split, seed=args.seed, output=args.output, device=args.device,
+                          dtype=args.dtype, solver=SolverChoice(args.phase, args.max_iter, args.tol),
+                          lm_eval=lm_eval, run_dir=args.run_dir)
+    try:
+        results = run_evaluation(options)
+    except (NotAModelError, FileNotFoundError, ValueError, ConfigError, ImportError) as err:
+        print(f"evaluate: {err}", file=sys.stderr)
+        return 2
+    out = Path(results["files"][0]).parent
+    print((out / "results.md").read_text())
+    print(f"wrote {', '.join(results['files'])}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
