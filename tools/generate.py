@@ -1,0 +1,75 @@
+"""Generate text in sequential mode: the model as an RNN, one token and one committed state at a time.
+
+    python tools/generate.py CHECKPOINT_OR_EXPORT --prompt "ROMEO:" [--max-new-tokens 64]
+        [--temperature 0.8] [--top-p 0.95] [--top-k 50] [--seed 0] [--verbose]
+
+Between tokens only the committed per-layer state is carried, so memory is constant in the solver
+passes. --temperature 0 is greedy. --verbose prints the solver passes and final relative residual
+of the step that chose each token. The tokenizer is the run's (data.tokenizer) or the copy in
+an exported folder; the solver runs the phase the weights were trained in (see tools/evaluate.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+
+def parse(argv: list[str] | None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("model", help="a run's checkpoints/ folder or an exported folder")
+    p.add_argument("--prompt", default="", help="text to continue (empty: start from end-of-document)")
+    p.add_argument("--max-new-tokens", type=int, default=64)
+    p.add_argument("--temperature", type=float, default=1.0, help="0: greedy")
+    p.add_argument("--top-p", type=float, default=None)
+    p.add_argument("--top-k", type=int, default=None)
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--ignore-eod", action="store_true", help="do not stop at the end-of-document token")
+    p.add_argument("--verbose", action="store_true", help="solver passes per token (to stderr)")
+    p.add_argument("--phase", default=None)
+    p.add_argument("--max-iter", type=int, default=None, help="cap on solver passes per token")
+    p.add_argument("--tol", type=float, default=None)
+    p.add_argument("--device", default="cpu")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse(argv)
+    from implicit_megatron.evaluation.generation import SamplingConfig, generate
+    from implicit_megatron.evaluation.loading import NotAModelError, load_model
+    from implicit_megatron.evaluation.phases import SolverChoice
+
+    if args.max_new_tokens < 1:
+        print("generate: --max-new-tokens must be at least 1", file=sys.stderr)
+        return 2
+    try:
+        loaded = load_model(args.model, device=args.device, choice=SolverChoice(args.phase, args.max_iter, args.tol))
+    except (NotAModelError, FileNotFoundError, ValueError) as err:
+        print(f"generate: {err}", file=sys.stderr)
+        return 2
+    tok = loaded.tokenizer
+    sampling = SamplingConfig(args.max_new_tokens, args.temperature, args.top_k, args.top_p, args.seed,
+                              stop_at_eod=not args.ignore_eod)
+    if args.verbose:
+        print(f"[generate] {loaded.label}: sequential mode, at most {loaded.solver['cap']} passes per token, "
+              f"tolerance {loaded.solver['tol']}", file=sys.stderr)
+
+    def on_token(token: int, passes: int, residual: float) -> None:
+        if args.verbose:
+            print(f"[generate] token {token:>6} {tok.decode([token])!r:<16} passes {passes:>3}  "
+                  f"residual {residual:.4f}", file=sys.stderr, flush=True)
+
+    result = generate(loaded.model, tok.encode(args.prompt), sampling, eod_id=tok.eod_id, on_token=on_token)
+    print(args.prompt + tok.decode([t for t in result.new_ids if t != tok.eod_id]))
+    if args.verbose and result.passes:
+        mean = sum(result.passes) / len(result.passes)
+        print(f"[generate] {len(result.new_ids)} tokens, {mean:.1f} solver passes per token on average "
+              f"(prompt: {sum(result.prompt_passes) / len(result.prompt_passes):.1f})", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
