@@ -44,10 +44,26 @@ def write_folder(out: Path, model: LanguageModel, cfg: Config, dtype: torch.dtyp
           "torch_dtype": str(dtype).removeprefix("torch."), CONFIG_KEY: cfg.to_dict()}
     (out / CONFIG_FILE).write_text(json.dumps(hf, indent=2))
     shutil.copy(Path(__file__).with_name("hf_model.py"), out / MODELING_FILE)
-    tokenizer = Path(cfg.data.tokenizer)
-    if tokenizer.is_file():
-        shutil.copy(tokenizer, out / tokenizer.name)
+    write_tokenizer(Path(cfg.data.tokenizer), out, cfg.data.seq_len)
     return out
+
+
+def write_tokenizer(source: Path, out: Path, max_length: int) -> None:
+    """The run's tokenizer as transformers' AutoTokenizer reads it: tokenizer.json (decompressed) and
+    tokenizer_config.json, or a sentencepiece tokenizer.model; nothing when the run had none at hand."""
+    if not source.is_file():
+        return
+    from data_pipeline.tokenizer import load_tokenizer
+
+    tokenizer = load_tokenizer(source)
+    if tokenizer.kind == "sentencepiece":
+        shutil.copy(source, out / "tokenizer.model")
+        return
+    tokenizer.backend.save(str(out / "tokenizer.json"))
+    eos = tokenizer.backend.id_to_token(tokenizer.eod_id)
+    settings = {"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": eos, "bos_token": eos,
+                "unk_token": eos, "model_max_length": max_length}
+    (out / "tokenizer_config.json").write_text(json.dumps(settings, indent=2))
 
 
 def read_folder_config(folder: Path) -> Config:

@@ -9,8 +9,9 @@ import pytest
 import torch
 from safetensors.torch import load_file
 from support.processes import ROOT, run_torchrun
-from transformers import AutoModelForCausalLM
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from data_pipeline.tokenizer import load_tokenizer
 from implicit_megatron import build_model, from_pretrained
 from implicit_megatron.builder import remove_weight_norm
 from implicit_megatron.export import read_checkpoint
@@ -49,8 +50,9 @@ def test_export_gives_the_training_models_logits_in_ours_and_in_transformers(sta
 
     exported = from_pretrained(out)
     assert not any("parametrizations" in name for name in exported.state_dict())
-    assert sorted(p.name for p in out.iterdir()) == ["config.json", "gpt-neox-20b.json.xz", "model.safetensors",
-                                                     "modeling_implicit_megatron.py"]
+    assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors",
+                                                     "modeling_implicit_megatron.py", "tokenizer.json",
+                                                     "tokenizer_config.json"]
     hf = AutoModelForCausalLM.from_pretrained(out, trust_remote_code=True).eval()
     ids = torch.randint(0, 50277, (2, 24))
     with torch.no_grad():
@@ -58,6 +60,9 @@ def test_export_gives_the_training_models_logits_in_ours_and_in_transformers(sta
     for got in (ours, theirs):
         assert (got - expected).abs().max().item() < 1e-5 * expected.abs().max().item()
     assert hf(ids[:1], labels=ids[:1]).loss.item() > 0
+    tokenizer = AutoTokenizer.from_pretrained(out)  # the run's tokenizer, as transformers reads it
+    assert tokenizer("ROMEO: what?")["input_ids"] == load_tokenizer(cfg.data.tokenizer).encode("ROMEO: what?")
+    assert tokenizer.eos_token == "<|endoftext|>"
 
     if stage:  # DeepSpeed's own consolidation of the same checkpoint, weight norm folded the same way
         subprocess.run([sys.executable, str(run / "checkpoints" / "zero_to_fp32.py"), str(run / "checkpoints"),
