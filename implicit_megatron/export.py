@@ -81,7 +81,12 @@ def config_from_dict(data: dict, source: str) -> Config:
 
 
 def read_checkpoint(ckpt_dir: str | Path, tag: str | None = None) -> tuple[dict[str, torch.Tensor], Config]:
-    """The full-precision model state and the run config of one checkpoint tag (default: latest)."""
+    """The full-precision model state and the run config of one checkpoint tag (default: latest).
+
+    The config's solver settings (implicit.max_iter, tol, phantom_steps) are those of the
+    curriculum phase the checkpoint was saved in, so that a model built from it iterates as it
+    was trained (e.g. (24+4) with tolerance 0.05 after the free phase, not the config's defaults).
+    """
     folder = Path(ckpt_dir)
     tag = tag or read_latest(folder)
     if tag is None:
@@ -90,6 +95,10 @@ def read_checkpoint(ckpt_dir: str | Path, tag: str | None = None) -> tuple[dict[
         raise FileNotFoundError(f"{folder}: no checkpoint with tag {tag!r}")
     saved = read_client_state(folder / tag)
     cfg = config_from_dict(saved["config"], str(model_states_file(folder / tag)))
+    for phase in cfg.curriculum.phases:
+        if phase.name == saved.get("phase"):
+            cfg.implicit.max_iter, cfg.implicit.tol = phase.max_iter, phase.tol
+            cfg.implicit.phantom_steps = phase.phantom_steps
     return consolidated_weights(folder / tag, saved_layout(folder / tag)), cfg
 
 

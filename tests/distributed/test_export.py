@@ -47,8 +47,12 @@ def test_export_gives_the_training_models_logits_in_ours_and_in_transformers(sta
     else:
         trained.load_state_dict(state, strict=True)
     assert any("parametrizations" in name for name in state)
+    free = cfg.curriculum.phases[-1]  # the solver of the phase the checkpoint ended, not the config's default
+    assert (cfg.implicit.max_iter, cfg.implicit.tol, cfg.implicit.phantom_steps) == (free.max_iter, free.tol,
+                                                                                      free.phantom_steps)
 
     exported = from_pretrained(out)
+    assert exported.core.settings.max_iter == free.max_iter and exported.core.settings.tol == free.tol
     assert not any("parametrizations" in name for name in exported.state_dict())
     assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors",
                                                      "modeling_implicit_megatron.py", "tokenizer.json",
