@@ -27,14 +27,7 @@ def per_position_plot(extrapolation: dict, train_len: int, label: str, out: Path
         buckets = extrapolation["lengths"][length]["positions"]
         ax.plot(_centres(buckets), [b["ppl"] for b in buckets], marker=".", label=f"L = {length}")
     ax.axvspan(0, train_len, color="0.85", zorder=0, label="trained length")
-    ax.set_xlabel("token position")
-    ax.set_ylabel("perplexity")
-    ax.set_title(f"Per-position perplexity: {label}")
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(out, dpi=120)
-    plt.close(fig)
-    return out
+    return _save(plt, fig, ax, "perplexity", f"Per-position perplexity: {label}", out, legend=True)
 
 
 def passes_plot(dynamics: dict, label: str, out: Path) -> Path:
@@ -45,15 +38,8 @@ def passes_plot(dynamics: dict, label: str, out: Path) -> Path:
     if buckets:
         ax.plot(_centres(buckets), [b["passes"] for b in buckets], marker=".", label="sequential (per token)")
     ax.axhline(dynamics["mean_passes"], color="C1", linestyle="--", label="simultaneous (per forward)")
-    ax.set_xlabel("token position")
-    ax.set_ylabel("solver passes")
     ax.set_ylim(bottom=0)
-    ax.set_title(f"Iterations per token: {label}")
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(out, dpi=120)
-    plt.close(fig)
-    return out
+    return _save(plt, fig, ax, "solver passes", f"Iterations per token: {label}", out, legend=True)
 
 
 def duality_plot(duality: dict, label: str, out: Path) -> Path:
@@ -63,9 +49,17 @@ def duality_plot(duality: dict, label: str, out: Path) -> Path:
     buckets = duality["positions"]
     ax.plot(_centres(buckets), [b["difference"] for b in buckets], marker=".")
     ax.axhline(0.0, color="0.5", linewidth=0.8)
+    title = f"Duality: {label}, greedy match {100 * duality['match_rate']:.2f} %"
+    return _save(plt, fig, ax, "ppl sequential − ppl simultaneous", title, out, legend=False)
+
+
+def _save(plt, fig, ax, ylabel: str, title: str, out: Path, legend: bool) -> Path:
+    """Every plot here has token positions on x; label, title, write the PNG, free the figure."""
     ax.set_xlabel("token position")
-    ax.set_ylabel("ppl sequential − ppl simultaneous")
-    ax.set_title(f"Duality: {label}, greedy match {100 * duality['match_rate']:.2f} %")
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    if legend:
+        ax.legend()
     fig.tight_layout()
     fig.savefig(out, dpi=120)
     plt.close(fig)
