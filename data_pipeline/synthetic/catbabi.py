@@ -112,6 +112,15 @@ def _skip(malformed: list[MalformedLine], bad: MalformedLine, strict: bool) -> N
     malformed.append(bad)
 
 
+def _lines(path: Path):
+    """(line number, text without its line end) of every non-blank line."""
+    with open(path, encoding="utf-8") as handle:
+        for number, raw in enumerate(handle, start=1):
+            line = raw.rstrip("\r\n")
+            if line.strip():
+                yield number, line
+
+
 def parse_babi_file(path: str | os.PathLike, task: int | None = None, split_answers: bool = False,
                     strict: bool = False) -> Parsed:
     """Stories of one bAbI task file; the task comes from the name (qa<N>_...) unless given."""
@@ -119,23 +128,19 @@ def parse_babi_file(path: str | os.PathLike, task: int | None = None, split_answ
     task = task_of(path) if task is None else task
     stories: list[Story] = []
     malformed: list[MalformedLine] = []
-    with open(path, encoding="utf-8") as handle:
-        for number, raw in enumerate(handle, start=1):
-            line = raw.rstrip("\r\n")
-            if not line.strip():
-                continue
-            match = BABI_LINE.match(line)
-            parsed = (_babi_text(match.group(2), split_answers)
-                      if match else "expected 'ID text' (a number, a space, text)")
-            if isinstance(parsed, str):
-                _skip(malformed, MalformedLine(str(path), number, parsed, line), strict)
-                continue
-            if not stories or match.group(1) == "1":  # ID 1 starts a new story
-                stories.append(Story(task, source=str(path), line=number))
-            story, (words, answers) = stories[-1], parsed
-            story.words.extend(words)
-            story.answers.extend(range(len(story.words), len(story.words) + len(answers)))
-            story.words.extend(answers)
+    for number, line in _lines(path):
+        match = BABI_LINE.match(line)
+        parsed = (_babi_text(match.group(2), split_answers)
+                  if match else "expected 'ID text' (a number, a space, text)")
+        if isinstance(parsed, str):
+            _skip(malformed, MalformedLine(str(path), number, parsed, line), strict)
+            continue
+        if not stories or match.group(1) == "1":  # ID 1 starts a new story
+            stories.append(Story(task, source=str(path), line=number))
+        story, (words, answers) = stories[-1], parsed
+        story.words.extend(words)
+        story.answers.extend(range(len(story.words), len(story.words) + len(answers)))
+        story.words.extend(answers)
     return Parsed(stories, malformed)
 
 
@@ -144,29 +149,25 @@ def parse_catbabi_file(path: str | os.PathLike, split_answers: bool = False, str
     path = Path(path)
     stories: list[Story] = []
     malformed: list[MalformedLine] = []
-    with open(path, encoding="utf-8") as handle:
-        for number, raw in enumerate(handle, start=1):
-            line = raw.rstrip("\r\n")
-            if not line.strip():
-                continue
-            task, _, text = line.partition("\t")
-            words = text.split()
-            if not task.isdigit() or not words:
-                problem = "expected 'task<TAB>words' with a numeric task"
-            elif words[-1] == "?" or any(w == "?" and n in ("?", ".") for w, n in zip(words, words[1:])):
-                problem = "a question mark is not followed by an answer"
-            else:
-                problem = None
-            if problem is not None:
-                _skip(malformed, MalformedLine(str(path), number, problem, line), strict)
-                continue
-            story = Story(int(task), source=str(path), line=number)
-            for word, follows_question in zip(words, ["", *words[:-1]]):
-                pieces = [p for p in word.split(",") if p] if split_answers and follows_question == "?" else [word]
-                if follows_question == "?":
-                    story.answers.extend(range(len(story.words), len(story.words) + len(pieces)))
-                story.words.extend(pieces)
-            stories.append(story)
+    for number, line in _lines(path):
+        task, _, text = line.partition("\t")
+        words = text.split()
+        if not task.isdigit() or not words:
+            problem = "expected 'task<TAB>words' with a numeric task"
+        elif words[-1] == "?" or any(w == "?" and n in ("?", ".") for w, n in zip(words, words[1:])):
+            problem = "a question mark is not followed by an answer"
+        else:
+            problem = None
+        if problem is not None:
+            _skip(malformed, MalformedLine(str(path), number, problem, line), strict)
+            continue
+        story = Story(int(task), source=str(path), line=number)
+        for word, follows_question in zip(words, ["", *words[:-1]]):
+            pieces = [p for p in word.split(",") if p] if split_answers and follows_question == "?" else [word]
+            if follows_question == "?":
+                story.answers.extend(range(len(story.words), len(story.words) + len(pieces)))
+            story.words.extend(pieces)
+        stories.append(story)
     return Parsed(stories, malformed)
 
 

@@ -54,9 +54,9 @@ class WordProblemStream:
     """Global batch k is a function of (spec, k) alone; each rank takes its micro-batches from it,
     so the data order is the same at every world size and a resume needs only k."""
 
-    def __init__(self, spec, global_batch: int, micro_batch: int, rank: int, world: int, accum: int):
+    def __init__(self, spec, global_batch: int, micro_batch: int, rank: int, world: int):
         self.spec, self.global_batch, self.micro_batch = spec, global_batch, micro_batch
-        self.rank, self.world, self.accum = rank, world, accum
+        self.rank, self.world = rank, world
         self.step, self._queue = 0, []
 
     def __iter__(self):
@@ -101,8 +101,9 @@ class WordProblemTask:
         """Nothing to build: words are made on the fly."""
 
     def train_batches(self, rank: int, world: int, accum: int) -> WordProblemStream:
+        """`accum` is implied: each rank's share of the global batch, in micro-batches."""
         return WordProblemStream(self.spec, self.cfg.train.global_batch_size, self.cfg.train.micro_batch_size,
-                                 rank, world, accum)
+                                 rank, world)
 
     def inputs_and_targets(self, batch: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return batch[0], batch[1]
