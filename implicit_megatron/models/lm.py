@@ -17,6 +17,7 @@ from torch import nn
 
 from implicit_megatron.config import ModelConfig
 from implicit_megatron.models.backbone import Backbone
+from implicit_megatron.models.loss import linear_cross_entropy
 
 
 class LanguageModel(nn.Module):
@@ -48,10 +49,17 @@ class LanguageModel(nn.Module):
         """Final states (..., d) -> logits (..., padded_vocab_size)."""
         return z @ self.head_weight.t()
 
-    def forward(self, input_ids: torch.Tensor, seq_idx: torch.Tensor | None = None) -> torch.Tensor:
-        """input_ids (B, T) -> logits (B, T, padded_vocab_size); seq_idx (B, T) separates packed documents."""
+    def forward(self, input_ids: torch.Tensor, seq_idx: torch.Tensor | None = None,
+                labels: torch.Tensor | None = None) -> torch.Tensor:
+        """input_ids (B, T) -> logits (B, T, padded_vocab_size); seq_idx (B, T) separates packed documents.
+
+        With labels (B, T) it returns the mean cross-entropy instead, computed chunk by chunk so that
+        the logits of the whole batch never exist (models.loss; labels of -100 are ignored).
+        """
         x = self.embedding(input_ids)
         z = self.core(x) if seq_idx is None else self.core(x, seq_idx=seq_idx)
+        if labels is not None:
+            return linear_cross_entropy(z, self.head_weight, labels)
         return self.logits(z)
 
     def num_parameters(self, exclude_embedding: bool = False) -> int:
