@@ -86,6 +86,7 @@ class LlamaAttention(nn.Module):
         self.k_proj = nn.Linear(d_model, self.kv_dim, bias=bias, **factory)
         self.v_proj = nn.Linear(d_model, self.kv_dim, bias=bias, **factory)
         self.o_proj = nn.Linear(self.q_dim, d_model, bias=bias, **factory)
+        self._rope_key, self._rope_cache = None, None  # the last length's RoPE table (see _rope)
 
     def _qkv(self, x: torch.Tensor, inj: torch.Tensor | None):
         """Projections (+ injection), split into heads: (..., heads, head_dim)."""
@@ -105,14 +106,25 @@ class LlamaAttention(nn.Module):
         b, h, t, d = x.shape
         return x[:, :, None].expand(b, h, rep, t, d).reshape(b, h * rep, t, d)
 
+    def _rope(self, t: int, dtype: torch.dtype, device: torch.device):
+        """cos, sin (T, 1, hd) of positions 0..T-1, computed once per length rather than every pass."""
+        key = (t, dtype, device)
+        if self._rope_key != key:
+            cos, sin = rope_cos_sin(torch.arange(t, device=device), self.head_dim, self.rope_theta, dtype)
+            self._rope_cache, self._rope_key = (cos.unsqueeze(-2), sin.unsqueeze(-2)), key
+        return self._rope_cache
+
+    def _rope_documents(self, seq_idx: torch.Tensor, dtype: torch.dtype):
+        """cos, sin (B, T, 1, hd) with positions restarting at every document."""
+        cos, sin = rope_cos_sin(document_positions(seq_idx), self.head_dim, self.rope_theta, dtype)
+        return cos.unsqueeze(-2), sin.unsqueeze(-2)
+
     def forward(self, x: torch.Tensor, inj: torch.Tensor | None = None,
                 seq_idx: torch.Tensor | None = None) -> torch.Tensor:
         """x: (B, T, d) normalised input; seq_idx (B, T): attend and count positions within documents."""
         b, t, _ = x.shape
         q, k, v = self._qkv(x, inj)  # (B, T, heads, hd)
-        positions = torch.arange(t, device=x.device) if seq_idx is None else document_positions(seq_idx)
-        cos, sin = rope_cos_sin(positions, self.head_dim, self.rope_theta, q.dtype)
-        cos, sin = cos.unsqueeze(-2), sin.unsqueeze(-2)  # broadcast over heads
+        cos, sin = self._rope(t, q.dtype, x.device) if seq_idx is None else self._rope_documents(seq_idx, q.dtype)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
 
         flash = kernels.flash_attn(x) if self.use_kernels and seq_idx is None else None

@@ -151,6 +151,17 @@ class Mamba2(nn.Module):
         y = self.norm(y, z) if self.rmsnorm else y * F.silu(z)
         return self.out_proj(y.to(self.out_proj.weight.dtype))
 
+    def _in_proj(self, u: torch.Tensor, inj: torch.Tensor | None) -> torch.Tensor:
+        """in_proj(u) + inj; one matmul that adds inj in its epilogue (not a pass of its own over the
+        widest activation of the layer) where there is no in_proj bias."""
+        if inj is None:
+            return self.in_proj(u)
+        weight = self.in_proj.weight
+        if self.in_proj.bias is not None:
+            return self.in_proj(u) + inj.to(weight.dtype)
+        flat = torch.addmm(inj.to(weight.dtype).reshape(-1, self.d_in_proj), u.reshape(-1, self.d_model), weight.t())
+        return flat.view(*u.shape[:-1], self.d_in_proj)
+
     def _split(self, zxbcdt: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         return zxbcdt.split([self.d_inner, self.conv_dim, self.nheads], dim=-1)
 
@@ -179,9 +190,7 @@ class Mamba2(nn.Module):
                 seq_idx: torch.Tensor | None = None) -> torch.Tensor:
         """u: (B, T, d_model); inj: (B, T, d_in_proj) added to in_proj(u); seq_idx: (B, T) int32 doc ids."""
         b, t, _ = u.shape
-        zxbcdt = self.in_proj(u)
-        if inj is not None:
-            zxbcdt = zxbcdt + inj.to(zxbcdt.dtype)
+        zxbcdt = self._in_proj(u, inj)
         A = self._A()
         fused = self._kernels(u)
         if fused is not None and self.use_mem_eff_path:
@@ -231,10 +240,7 @@ class Mamba2(nn.Module):
         can be stepped many times with different inputs and only the chosen candidate kept.
         """
         b = u_t.shape[0]
-        zxbcdt = self.in_proj(u_t)
-        if inj_t is not None:
-            zxbcdt = zxbcdt + inj_t.to(zxbcdt.dtype)
-        z, xbc, dt = self._split(zxbcdt)
+        z, xbc, dt = self._split(self._in_proj(u_t, inj_t))
         A = self._A()
         fused = self._kernels(u_t)
         weight, bias = self.conv1d.weight[:, 0], self.conv1d.bias
