@@ -28,7 +28,8 @@ def build_model(cfg: Config, device=None, dtype=None) -> LanguageModel:
                                   cfg.model.init_std, device=device, dtype=dtype)
         if cfg.implicit.weight_norm:
             apply_weight_norm(backbone)
-    return LanguageModel(cfg.model, ImplicitCore(backbone, settings, injection), device=device, dtype=dtype)
+    core = ImplicitCore(backbone, settings, injection, cuda_graphs=cfg.implicit.cuda_graphs)
+    return LanguageModel(cfg.model, core, device=device, dtype=dtype)
 
 
 def weight_normed_layers(module: nn.Module) -> list[nn.Module]:

@@ -111,6 +111,8 @@ class ImplicitConfig:
     weight_norm: bool = False
     gradient: Literal["phantom", "unrolled"] = "phantom"  # unrolled: backprop through all passes
     anderson: AndersonSettings = field(default_factory=AndersonSettings)
+    # CUDA graphs of the passes (implicit.graphs): auto = where possible, else eager with one log line
+    cuda_graphs: Literal["auto", "on", "off"] = "auto"
 
 
 @dataclass
@@ -225,6 +227,7 @@ class TrainConfig:
     seed: int = 1234
     max_nonfinite_in_row: int = 10
     peak_tflops: float | None = None  # per device, for MFU; None: looked up from the GPU's name
+    compile: bool = False  # torch.compile each backbone block (Backbone.compile_blocks)
 
 
 @dataclass
@@ -331,6 +334,13 @@ def validate(cfg: Config, sources: dict[str, str] | None = None, world_size: int
         non_negative("implicit.anderson.regularization", im.anderson.regularization)
         positive("implicit.anderson.mixing", im.anderson.mixing)
 
+    if im.cuda_graphs == "on":
+        if cfg.distributed.zero_stage == 3:
+            fail("implicit.cuda_graphs", "ZeRO-3 gathers parameters inside the forward, which a graph cannot "
+                                         "replay; use auto (eager under ZeRO-3) or ZeRO-1/2")
+        if cfg.distributed.activation_checkpointing:
+            fail("implicit.cuda_graphs", "activation checkpointing recomputes passes during backward; "
+                                         "use auto or turn distributed.activation_checkpointing off")
     _validate_curriculum(cfg, fail)
 
     t = cfg.train

@@ -19,7 +19,7 @@ class DynamicsResult:
     windows: int
     ppl: float
     mean_passes: float  # solver passes without gradient per simultaneous forward
-    phantom_passes: float  # damped passes that follow them
+    phantom_steps: int  # the model's k: damped steps with gradient in training (evaluation runs none)
     residual: float  # final relative residual
     converged_frac: float
     sequential_mean_passes: float | None = None  # per token, in sequential mode
@@ -30,7 +30,8 @@ class DynamicsResult:
         return asdict(self)
 
 
-def summarize(simultaneous: NLLResult, sequential: SequentialResult | None, buckets: int) -> DynamicsResult:
+def summarize(simultaneous: NLLResult, sequential: SequentialResult | None, buckets: int,
+              phantom_steps: int) -> DynamicsResult:
     stats = simultaneous.stats
     total = sum(s.size for s in stats)
 
@@ -38,7 +39,7 @@ def summarize(simultaneous: NLLResult, sequential: SequentialResult | None, buck
         return sum(v * s.size for v, s in zip(values, stats)) / total
 
     result = DynamicsResult(simultaneous.seq_len, total, simultaneous.ppl, mean(s.passes for s in stats),
-                            mean(s.phantom_passes for s in stats), mean(s.residual for s in stats),
+                            phantom_steps, mean(s.residual for s in stats),
                             mean(s.converged for s in stats))
     if sequential is not None:
         result.sequential_mean_passes = sequential.passes.mean().item()

@@ -58,7 +58,7 @@ def dynamics_table(label: str, dynamics: dict, split: str = "test") -> str:
     """Table 7: perplexity, solver passes and the final relative residual in simultaneous mode."""
     headers = ["Model", f"{split.capitalize()} ppl ({dynamics['seq_len']})", "Inference steps", "Phantom steps",
                "Rel. Diff.", "Converged", "Seq. steps/token"]
-    row = [label, fmt(dynamics["ppl"]), fmt(dynamics["mean_passes"], 1), fmt(dynamics["phantom_passes"], 1),
+    row = [label, fmt(dynamics["ppl"]), fmt(dynamics["mean_passes"], 1), str(dynamics["phantom_steps"]),
            fmt(dynamics["residual"], 3), f"{100 * dynamics['converged_frac']:.1f} %",
            fmt(dynamics.get("sequential_mean_passes"), 1)]
     return table(headers, [row])

@@ -127,7 +127,8 @@ class Evaluation:
 
     def dynamics(self) -> dict:
         _, sequential = self.sequential()
-        return summarize(self.nll(self.lengths[0]), sequential, self.options.position_buckets).to_dict()
+        return summarize(self.nll(self.lengths[0]), sequential, self.options.position_buckets,
+                         self.loaded.solver["phantom_steps"]).to_dict()
 
     def duality(self) -> dict:
         simultaneous, sequential = self.sequential()

@@ -23,7 +23,7 @@ def flat_metrics(results: dict) -> dict[str, float]:
         out["eval/nll"] = results["ppl"]["nll"]
     for length, row in (results.get("extrapolation") or {}).get("lengths", {}).items():
         out[f"eval/ppl_{length}"] = row["ppl"]
-    for key in ("mean_passes", "phantom_passes", "residual", "converged_frac", "sequential_mean_passes"):
+    for key in ("mean_passes", "phantom_steps", "residual", "converged_frac", "sequential_mean_passes"):
         value = (results.get("dynamics") or {}).get(key)
         if value is not None:
             out[f"eval/dynamics/{key}"] = value

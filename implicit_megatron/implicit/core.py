@@ -1,7 +1,8 @@
 """ImplicitCore: the backbone self-iterated to a fixed point, in two modes.
 
 Simultaneous mode (training, evaluation): every pass runs the whole sequence through F; the solver
-finds z* without gradient, then `phantom_steps` damped passes carry the gradient: the paper's (s+k).
+finds z* without gradient, then, in training, `phantom_steps` damped passes carry the gradient: the
+paper's (s+k). Evaluation returns the solver's z* itself, as the released code (torchdeq) does.
 Sequential mode (generation): token by token, iterate z_t under the committed per-layer state of
 t-1 until converged, then commit the state once. Memory is constant in the number of passes.
 
@@ -10,15 +11,29 @@ The explicit baseline goes through the same module: one pass from z^0 = embeddin
 
 from __future__ import annotations
 
+import contextlib
+import logging
 from dataclasses import dataclass, field, replace
 
 import torch
 from torch import nn
+from torch.nn.utils import parametrize
 
 from implicit_megatron.config import AndersonSettings, ImplicitConfig
+from implicit_megatron.implicit import graphs as graphs_lib
 from implicit_megatron.implicit.injection import Injection
 from implicit_megatron.implicit.phantom import phantom_steps
-from implicit_megatron.implicit.solver import SolverStats, relative_residual, solve
+from implicit_megatron.implicit.solver import SolverStats, relative_residual, solve, solve_with
+
+logger = logging.getLogger(__name__)
+
+
+class _CaptureFailed(Exception):
+    """A graph could not be captured; the forward is redone eagerly."""
+
+
+def _shape(t: torch.Tensor | None) -> tuple | None:
+    return None if t is None else (tuple(t.shape), t.dtype, t.device)
 
 
 @dataclass
@@ -45,16 +60,28 @@ class SolverSettings:
 
 
 class ImplicitCore(nn.Module):
-    """x (B, T, d) = embedding -> z (B, T, d), the (normalised) fixed point of the backbone."""
+    """x (B, T, d) = embedding -> z (B, T, d), the (normalised) fixed point of the backbone.
+
+    Every pass reads each parametrised (weight-normalised) weight computed once per forward: once
+    without gradient for the solve, once with it for the phantom steps. On a GPU the passes run as
+    CUDA graphs (`cuda_graphs`: "auto" where possible, "on" or "off"); see implicit.graphs.
+    """
 
     def __init__(self, backbone: nn.Module, settings: SolverSettings | None, injection: Injection | None,
-                 group=None):
+                 group=None, cuda_graphs: str = "auto"):
         super().__init__()
         self.backbone = backbone
         self.injection = injection
         self.settings = settings  # None: the explicit model (one pass, no injection)
         self.group = group  # data-parallel process group the stop rule is agreed over (None: world)
         self.last_stats: SolverStats | None = None
+        self.cuda_graphs = cuda_graphs
+        self.graph_blocker: str | None = None  # set by whoever makes graphs impossible (ZeRO-3)
+        self._graphs: dict[tuple, object] = {}
+        self._graph_storage: tuple[int, ...] | None = None
+        self._graph_pool = None
+        self._seen: dict[tuple, int] = {}  # forwards per input shape (graphs for recurring shapes only)
+        self._logged: set[str] = set()
 
     @property
     def implicit(self) -> bool:
@@ -63,26 +90,50 @@ class ImplicitCore(nn.Module):
     def set_phase(self, **changes) -> None:
         """Switch solver settings, e.g. set_phase(max_iter=24, tol=0.05, phantom_steps=4)."""
         self.settings = replace(self.settings, **changes)
+        self._graphs.clear()  # the old phase's graphs hold memory the new one may need
 
     # ------------------------------------------------------------------ simultaneous mode
 
     def forward(self, x: torch.Tensor, seq_idx: torch.Tensor | None = None) -> torch.Tensor:
+        if self._use_graphs(x, seq_idx):
+            try:
+                return self._forward(x, seq_idx, graphs=True)
+            except _CaptureFailed:
+                pass  # logged; this and every later forward run eagerly
+        return self._forward(x, seq_idx, graphs=False)
+
+    def _forward(self, x: torch.Tensor, seq_idx: torch.Tensor | None, graphs: bool) -> torch.Tensor:
         if not self.implicit:
+            if graphs and torch.is_grad_enabled():
+                return self._grad_passes(x, None, seq_idx, [x.requires_grad])(x)
             return self.backbone(x, None, seq_idx=seq_idx)
         inj = self.injection(x) if self.injection is not None else None
+        s = self.settings
 
         def f(z: torch.Tensor) -> torch.Tensor:
             return self.backbone(z, inj, seq_idx=seq_idx)
 
-        s = self.settings
         z0 = torch.zeros_like(x)
         if s.gradient == "unrolled" and torch.is_grad_enabled():
             return self._unrolled(f, z0)
-        z_star, stats = solve(f, z0, s.cap(self.training), s.tol, s.anderson, self.group)
-        z = phantom_steps(f, z_star, s.phantom_steps, s.damping)
-        stats.phantom_passes = s.phantom_steps
+        if graphs:
+            solver = self._solver_graphs(z0, inj, seq_idx)
+            solver.start(inj, seq_idx)
+            z_star, stats = solve_with(solver.step, z0, s.cap(self.training), s.tol, s.anderson, self.group)
+            z_star, stats.residual = z_star.clone(), stats.residual.clone()
+        else:
+            with parametrize.cached():
+                z_star, stats = solve(f, z0, s.cap(self.training), s.tol, s.anderson, self.group)
         self.last_stats = stats
-        return z
+        if not self.training:  # evaluation returns the fixed point itself, as torchdeq does
+            return z_star
+        stats.phantom_passes = s.phantom_steps
+        if graphs and torch.is_grad_enabled() and s.phantom_steps:
+            k = s.phantom_steps
+            return phantom_steps(self._grad_passes(z_star, inj, seq_idx, [False] + [True] * (k - 1)),
+                                 z_star, k, s.damping)
+        with self._weights_once_with_gradient():
+            return phantom_steps(f, z_star, s.phantom_steps, s.damping)
 
     def _unrolled(self, f, z: torch.Tensor) -> torch.Tensor:
         """The weight-tied ablation: backpropagation through every one of max_iter passes."""
@@ -94,6 +145,81 @@ class ImplicitCore(nn.Module):
         converged = residual < s.tol if s.tol is not None else torch.ones_like(residual, dtype=torch.bool)
         self.last_stats = SolverStats(0, residual, converged, phantom_passes=s.max_iter)
         return z
+
+    def _weights_once_with_gradient(self):
+        """Cache parametrised weights over the phantom steps, so their gradient flows back through
+        one weight normalisation. Not where a pass is recomputed in backward (activation
+        checkpointing: the recomputation would compute the weight where the forward read it from
+        the cache) or where ZeRO-3 releases g and v after each layer's backward."""
+        if getattr(self.backbone, "checkpoint_layers", False) or self.graph_blocker is not None:
+            return contextlib.nullcontext()
+        return parametrize.cached()
+
+    # ------------------------------------------------------------------ CUDA graphs
+
+    def _use_graphs(self, x: torch.Tensor, seq_idx: torch.Tensor | None) -> bool:
+        """Graphs for this forward? Only for shapes seen before: training batches recur every step,
+        while a capture for each new length of an evaluation or generation would cost more than
+        it saves."""
+        if self.cuda_graphs == "off":
+            return False
+        reason = graphs_lib.why_not(x, self.backbone, self.graph_blocker)
+        if reason is not None:
+            if self.cuda_graphs == "on":
+                raise RuntimeError(f"implicit.cuda_graphs=on, but {reason}")
+            self._log_once(f"CUDA graphs off: {reason}; the passes run eagerly")
+            return False
+        seen = (_shape(x), _shape(seq_idx), torch.is_grad_enabled(), self.training)
+        if len(self._seen) > 256:
+            self._seen.clear()
+        self._seen[seen] = self._seen.get(seen, 0) + 1
+        if self._seen[seen] < 2:
+            return False
+        storage = graphs_lib.storage_key(self.backbone)
+        if storage != self._graph_storage:
+            if self._graph_storage is not None:
+                self._log_once("parameters moved to new storage: CUDA graphs re-captured")
+            self._graphs.clear()
+            self._graph_storage = storage
+        return True
+
+    def _captured(self, key: tuple, make):
+        """The graphs for `key`, captured on first use; a failed capture under "auto" turns graphs
+        off for this core with one log line, under "on" it raises."""
+        if key not in self._graphs:
+            if len(self._graphs) >= 8:  # e.g. evaluation batches of many shapes: keep memory bounded
+                self._graphs.clear()
+            try:
+                self._graphs[key] = make()
+            except Exception as err:
+                if self.cuda_graphs == "on":
+                    raise
+                self.cuda_graphs = "off"
+                self._log_once(f"CUDA graph capture failed ({type(err).__name__}: {err}); the passes run eagerly")
+                raise _CaptureFailed from err
+        return self._graphs[key]
+
+    def _solver_graphs(self, z0, inj, seq_idx) -> graphs_lib.SolverGraphs:
+        if self._graph_pool is None:
+            self._graph_pool = torch.cuda.graph_pool_handle()
+        key = ("solve", _shape(z0), _shape(inj), _shape(seq_idx))
+        return self._captured(key, lambda: graphs_lib.SolverGraphs(self.backbone, z0, inj, seq_idx,
+                                                                   self._graph_pool))
+
+    def _grad_passes(self, z, inj, seq_idx, z_grad: list[bool]):
+        """F with gradient as a function of z that replays pass i of the k captured passes on its
+        i-th call; the weights are normalised once, here, with gradient."""
+        weights = graphs_lib.Weights.of(self.backbone)
+        key = ("grad", _shape(z), _shape(inj), _shape(seq_idx), tuple(z_grad),
+               inj is not None and inj.requires_grad)
+        graphs = self._captured(key, lambda: graphs_lib.GradGraphs(self.backbone, z, inj, seq_idx, weights, z_grad))
+        calls = iter(range(len(z_grad)))
+        return lambda z_i: graphs(next(calls), z_i, inj, seq_idx, weights)
+
+    def _log_once(self, message: str) -> None:
+        if message not in self._logged:
+            self._logged.add(message)
+            logger.warning(message)
 
     # ------------------------------------------------------------------ sequential mode
 
@@ -134,8 +260,9 @@ class ImplicitCore(nn.Module):
             z = f_z
             if s.tol is not None and residual.max().item() < s.tol:
                 break
-        for _ in range(s.phantom_steps):  # the same damped steps that end the simultaneous mode
+        phantom = s.phantom_steps if self.training else 0  # as in simultaneous mode
+        for _ in range(phantom):
             f_z, candidate = self.backbone.step(z, state, inj_t)
             z = (1.0 - s.damping) * z + s.damping * f_z
         converged = residual < s.tol if s.tol is not None else torch.ones_like(residual, dtype=torch.bool)
-        return z, candidate, SolverStats(passes, residual, converged, phantom_passes=s.phantom_steps)
+        return z, candidate, SolverStats(passes, residual, converged, phantom_passes=phantom)

@@ -17,6 +17,7 @@ import torch.distributed as dist
 from implicit_megatron.config import AndersonSettings
 
 Function = Callable[[torch.Tensor], torch.Tensor]
+Step = Callable[[torch.Tensor, bool], tuple[torch.Tensor, "torch.Tensor | None"]]
 
 
 @dataclass
@@ -38,9 +39,14 @@ class SolverStats:
 
 
 def relative_residual(f_z: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
-    """||F(z) - z|| / ||F(z)|| per sample, over every dimension but the first."""
-    diff = (f_z - z).flatten(1).float().norm(dim=1)
-    return diff / f_z.flatten(1).float().norm(dim=1).clamp_min(torch.finfo(torch.float32).tiny)
+    """||F(z) - z|| / ||F(z)|| per sample, over every dimension but the first.
+
+    The norms accumulate in at least float32 without materialising float32 copies of the iterate.
+    """
+    dtype = torch.promote_types(f_z.dtype, torch.float32)
+    diff = torch.linalg.vector_norm((f_z - z).flatten(1), dim=1, dtype=dtype)
+    norm = torch.linalg.vector_norm(f_z.flatten(1), dim=1, dtype=dtype)
+    return diff / norm.clamp_min(torch.finfo(dtype).tiny)
 
 
 def agreed_max(value: torch.Tensor, group: dist.ProcessGroup | None = None) -> float:
@@ -52,11 +58,35 @@ def agreed_max(value: torch.Tensor, group: dist.ProcessGroup | None = None) -> f
     return value.item()
 
 
+def eager_step(f: Function) -> Step:
+    """The plain pass: F(z), with the residual only where the solver needs it."""
+
+    def step(z: torch.Tensor, need_residual: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+        f_z = f(z)
+        return f_z, relative_residual(f_z, z) if need_residual else None
+
+    return step
+
+
 @torch.no_grad()
 def solve(f: Function, z0: torch.Tensor, max_iter: int, tol: float | None,
           anderson: AndersonSettings | None = None,
           group: dist.ProcessGroup | None = None) -> tuple[torch.Tensor, SolverStats]:
     """Iterate F from z0; return the last F(z) and statistics. Every pass calls F exactly once."""
+    return solve_with(eager_step(f), z0, max_iter, tol, anderson, group)
+
+
+@torch.no_grad()
+def solve_with(step: Step, z0: torch.Tensor, max_iter: int, tol: float | None,
+               anderson: AndersonSettings | None = None,
+               group: dist.ProcessGroup | None = None) -> tuple[torch.Tensor, SolverStats]:
+    """`solve` over a pass `step(z, need_residual) -> (F(z), residual or None)`.
+
+    A step may return F(z) in a buffer that its next call overwrites (a replayed CUDA graph), so the
+    residual comes from the step itself, and Anderson mixing keeps its own copies. A bounded phase
+    asks for the residual of the last pass only; a free phase asks every pass, and that one number
+    per pass (agreed over the ranks) is the only thing the host waits for.
+    """
     accelerate = anderson is not None and anderson.enabled
     history = _AndersonHistory(anderson) if accelerate else None
     if max_iter == 0:  # (0+k): the phantom steps alone, e.g. to compare with unrolled backprop
@@ -65,11 +95,12 @@ def solve(f: Function, z0: torch.Tensor, max_iter: int, tol: float | None,
     z, passes = z0, 0
     while passes < max_iter:
         passes += 1
-        f_z = f(z)
-        residual = relative_residual(f_z, z)
+        last = passes == max_iter
+        f_z, residual = step(z, tol is not None or last)
         if tol is not None and agreed_max(residual, group) < tol:
             break
-        z = history.next_iterate(z, f_z) if history is not None else f_z
+        if not last:
+            z = history.next_iterate(z, f_z.clone()) if history is not None else f_z
     converged = residual < tol if tol is not None else torch.ones_like(residual, dtype=torch.bool)
     return f_z, SolverStats(passes, residual, converged)
 

@@ -96,6 +96,12 @@ class Backbone(nn.Module):
                 z = layer(z, inj, seq_idx)
         return self.norm_f(z)
 
+    def compile_blocks(self) -> None:
+        """torch.compile every block in place: the elementwise work between matmuls (norms, RoPE,
+        SwiGLU, residuals) fuses into few kernels. The fused Mamba2 kernels are not compiled further."""
+        for layer in self.layers:
+            layer.compile(dynamic=False)
+
     def allocate_state(self, batch_size: int, max_seq_len: int, device=None, dtype=None) -> BackboneState:
         """Per-layer zero state: Mamba2State (conv, ssm) or an empty KVCache of `max_seq_len` tokens."""
         return tuple(layer.allocate_state(batch_size, max_seq_len, device, dtype) for layer in self.layers)

@@ -48,6 +48,17 @@ def lm_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits.float().flatten(0, 1), labels.flatten())
 
 
+def read_on_host(*groups: list[torch.Tensor]) -> list[list[float]]:
+    """Many device scalars in one transfer: each .item() would wait for the GPU on its own."""
+    flat = [t.reshape(()) for group in groups for t in group]
+    values = torch.stack(flat).tolist() if flat else []
+    out, start = [], 0
+    for group in groups:
+        out.append(values[start:start + len(group)])
+        start += len(group)
+    return out
+
+
 def reduce_over_ranks(values: list[float], device: torch.device, op=dist.ReduceOp.SUM) -> list[float]:
     """All-reduce a few numbers; the tensor lives on the engine's device (NCCL has no CPU backend)."""
     t = torch.tensor(values, dtype=torch.float64 if device.type == "cpu" else torch.float32, device=device)
@@ -74,6 +85,10 @@ class Trainer:
         torch.manual_seed(cfg.train.seed)
         self.model = build_model(cfg)
         self.model.core.backbone.checkpoint_layers = cfg.distributed.activation_checkpointing
+        if cfg.train.compile:
+            self.model.core.backbone.compile_blocks()
+        if cfg.distributed.zero_stage == 3:
+            self.model.core.graph_blocker = "ZeRO-3 gathers and releases parameters inside the forward"
         self.backbone_params = sum(p.numel() for p in self.model.core.backbone.parameters())
         self.source = self._prepare_source()
         self.engine = build_engine(cfg, self.model, load_universal=self.source is not None
@@ -209,10 +224,12 @@ class Trainer:
         losses, correct, passes, phantom, residual, converged = [], [], 0, 0, [], []
         for _ in range(self.accum):
             inputs, labels = (t.to(self.engine.device) for t in self.task.inputs_and_targets(next(self.batches)))
-            logits = self.forward(inputs)
-            loss = lm_loss(logits, labels)
             if self.task.reports_accuracy:
+                logits = self.forward(inputs)
+                loss = lm_loss(logits, labels)
                 correct.append(self.accuracy(logits, labels))
+            else:
+                loss = self.forward(inputs, labels)
             if step + 1 == self.nan_loss_at_step:  # fault injection for the tests
                 loss = loss * float("nan")
             self.engine.backward(loss)
@@ -221,12 +238,13 @@ class Trainer:
                 if grad_norm is not None and not math.isfinite(grad_norm):
                     self._drop_gradients()
             self.engine.step()
-            losses.append(loss.item())
+            losses.append(loss.detach().float())
             stats = self.engine.module.core.last_stats
             if stats is not None:
                 passes, phantom = passes + stats.passes, phantom + stats.phantom_passes
-                residual.append(stats.residual.max().item())
-                converged.append(stats.converged_frac)
+                residual.append(stats.residual.detach().float().max())
+                converged.append(stats.converged.float().mean())
+        losses, correct, residual, converged = read_on_host(losses, correct, residual, converged)
         seconds = time.perf_counter() - started
         p = self.progress
         p.step += 1
@@ -255,10 +273,12 @@ class Trainer:
             metrics["memory/max_allocated_gib"] = torch.cuda.max_memory_allocated() / 2**30
         return metrics
 
-    def forward(self, inputs: torch.Tensor) -> torch.Tensor:
-        if self.eod_id is None:
-            return self.engine(inputs)
-        return self.engine(inputs, seq_idx=seq_idx_from_eod(inputs, self.eod_id))
+    def forward(self, inputs: torch.Tensor, labels: torch.Tensor | None = None) -> torch.Tensor:
+        """Logits, or with labels the mean loss (computed without the whole batch's logits)."""
+        kwargs = {} if labels is None else {"labels": labels}
+        if self.eod_id is not None:
+            kwargs["seq_idx"] = seq_idx_from_eod(inputs, self.eod_id)
+        return self.engine(inputs, **kwargs)
 
     @torch.no_grad()
     def evaluate(self) -> dict[str, float]:
@@ -269,10 +289,12 @@ class Trainer:
             loss_sum, correct, tokens, passes, forwards = 0.0, 0.0, 0, 0, 0
             for batch in batches:  # sums over tokens, so that ranks with smaller batches weigh less
                 inputs, labels = (t.to(self.engine.device) for t in self.task.inputs_and_targets(batch))
-                logits = self.forward(inputs)
-                loss_sum += lm_loss(logits, labels).item() * labels.numel()
                 if self.task.reports_accuracy:
-                    correct += self.accuracy(logits, labels) * labels.numel()
+                    logits = self.forward(inputs)
+                    loss_sum += lm_loss(logits, labels).item() * labels.numel()
+                    correct += self.accuracy(logits, labels).item() * labels.numel()
+                else:
+                    loss_sum += self.forward(inputs, labels).item() * labels.numel()
                 tokens += labels.numel()
                 stats = self.engine.module.core.last_stats
                 passes, forwards = passes + (stats.passes if stats is not None else 1), forwards + 1
@@ -290,9 +312,9 @@ class Trainer:
         self.last_eval = results
         return results
 
-    def accuracy(self, logits: torch.Tensor, labels: torch.Tensor) -> float:
+    def accuracy(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         """The share of positions whose most likely class (among the real vocabulary) is the label."""
-        return (logits[..., : self.cfg.model.vocab_size].argmax(-1) == labels).float().mean().item()
+        return (logits[..., : self.cfg.model.vocab_size].argmax(-1) == labels).float().mean()
 
     # ---------------------------------------------------------------- outputs
 

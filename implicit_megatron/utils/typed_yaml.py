@@ -160,6 +160,8 @@ def coerce(tp: Any, value: Any, sources: dict[str, str], dotted: str) -> Any:
                 errors.append(err.message)
         raise ConfigError(source_of(sources, dotted), dotted, " or ".join(errors))
     if origin is Literal:
+        if isinstance(value, bool) and {"on", "off"} <= set(args):  # YAML 1.1 reads bare on/off as booleans
+            value = "on" if value else "off"
         if any(value == a and type(value) is type(a) for a in args):  # True is not the stage 1
             return value
         raise ConfigError(source_of(sources, dotted), dotted,

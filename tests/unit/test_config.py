@@ -81,6 +81,20 @@ def test_bool_is_not_an_int_and_int_is_a_float():
     assert error_of(CONFIGS / "quickstart.yaml", ["optimizer.lr=fast"]).key == "optimizer.lr"
 
 
+def test_cuda_graphs_setting(tmp_path):
+    tiny = CONFIGS / "tiny/mamba2-implicit.yaml"
+    assert load_config(tiny).implicit.cuda_graphs == "auto"
+    for value in ("on", "off"):  # bare on/off are YAML 1.1 booleans, on the command line and in files
+        assert load_config(tiny, [f"implicit.cuda_graphs={value}"]).implicit.cuda_graphs == value
+        path = write(tmp_path, f"{value}.yaml", f"base: {tiny}\nimplicit:\n  cuda_graphs: {value}\n")
+        assert load_config(path).implicit.cuda_graphs == value
+    assert "expected one of 'auto', 'on', 'off'" in error_of(tiny, ["implicit.cuda_graphs=always"]).message
+    for impossible in ("distributed.zero_stage=3", "distributed.activation_checkpointing=true"):
+        err = error_of(tiny, ["implicit.cuda_graphs=on", impossible])
+        assert err.key == "implicit.cuda_graphs" and "use auto" in err.message
+        assert load_config(tiny, ["implicit.cuda_graphs=auto", impossible])  # auto runs those eagerly
+
+
 def test_batch_not_divisible_by_micro_batch_times_data_parallel():
     load_config(CONFIGS / "mamba2/130m-explicit.yaml", world_size=64)  # 512 = 8 x 64
     err = error_of(CONFIGS / "mamba2/130m-explicit.yaml", world_size=48)

@@ -54,7 +54,7 @@ def test_extrapolation_reports_every_length_and_position_bucket(results):
 
 def test_dynamics_reports_passes_and_residual(results):
     dynamics = results["dynamics"]
-    assert 1 <= dynamics["mean_passes"] <= 200 and dynamics["phantom_passes"] == 4
+    assert 1 <= dynamics["mean_passes"] <= 200 and dynamics["phantom_steps"] == 4
     assert dynamics["residual"] < 1e-4 and dynamics["converged_frac"] == 1.0
     assert dynamics["sequential_mean_passes"] >= 1 and len(dynamics["passes_per_position"]) == 8
 
