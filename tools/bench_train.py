@@ -1,7 +1,7 @@
 """Training throughput on the machine it runs on: explicit, (4+1), (24+4) and each ZeRO stage.
 
     python tools/bench_train.py [--config configs/tiny/mamba2-implicit.yaml] [--nproc 2] [--steps 12]
-                                [--stages 0,1,2,3] [overrides ...]
+                                [--stages 0,1,2,3] [--modes explicit,(4+1),...] [overrides ...]
 
 Each row is a real launch (torchrun, gloo on CPU or NCCL/RCCL on GPUs) of `implicit_megatron.train`
 on the bundled corpus; the figures are medians over the steps after the first two. MFU appears
@@ -36,6 +36,9 @@ def launch(config: str, nproc: int, out: Path, overrides: list[str]) -> list[dic
     result = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
     if result.returncode != 0:
         raise SystemExit(f"launch failed ({' '.join(overrides)}):\n{result.stdout[-3000:]}{result.stderr[-3000:]}")
+    for line in (result.stdout + result.stderr).splitlines():  # the passes' CUDA graph status, if not plain
+        if "CUDA graph" in line:
+            print(f"  {' '.join(o for o in overrides if 'implicit' in o)}: {line.strip()}", flush=True)
     return [r for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines()) if "train/loss" in r]
 
 
@@ -54,6 +57,7 @@ def main() -> None:
     parser.add_argument("--nproc", type=int, default=2)
     parser.add_argument("--steps", type=int, default=12)
     parser.add_argument("--stages", default="0,1,2,3")
+    parser.add_argument("--modes", default=",".join(MODES), help=f"comma-separated, of: {', '.join(MODES)}")
     parser.add_argument("overrides", nargs="*")
     args = parser.parse_args()
     sys.path.insert(0, str(ROOT))
@@ -65,8 +69,9 @@ def main() -> None:
     tokens = cfg.train.global_batch_size * cfg.data.seq_len
     base = [f"train.steps={args.steps}", f"train.eval_interval={10 * args.steps}", "schedule.warmup_steps=1",
             *args.overrides]
-    runs = [(mode, 1, extra) for mode, extra in MODES.items()]
-    runs += [("(4+1)", int(s), MODES["(4+1)"]) for s in args.stages.split(",") if int(s) != 1]
+    modes = args.modes.split(",")
+    runs = [(mode, 1, MODES[mode]) for mode in modes]
+    runs += [("(4+1)", int(s), MODES["(4+1)"]) for s in args.stages.split(",") if int(s) != 1 and "(4+1)" in modes]
     results = []
     with tempfile.TemporaryDirectory() as tmp:
         for i, (mode, stage, extra) in enumerate(runs):
