@@ -80,7 +80,8 @@ def solve(f: Function, z0: torch.Tensor, max_iter: int, tol: float | None,
 def solve_with(step: Step, z0: torch.Tensor, max_iter: int, tol: float | None,
                anderson: AndersonSettings | None = None,
                group: dist.ProcessGroup | None = None) -> tuple[torch.Tensor, SolverStats]:
-    """`solve` over a pass `step(z, need_residual) -> (F(z), residual or None)`.
+    """`solve` over a pass `step(z, need_residual) -> (F(z), residual or None)`. With a tolerance it
+    returns, per sample, the iterate of lowest residual (see `_keep_lowest`).
 
     A step may return F(z) in a buffer that its next call overwrites (a replayed CUDA graph), so the
     residual comes from the step itself, and Anderson mixing keeps its own copies. A bounded phase
@@ -92,17 +93,34 @@ def solve_with(step: Step, z0: torch.Tensor, max_iter: int, tol: float | None,
     if max_iter == 0:  # (0+k): the phantom steps alone, e.g. to compare with unrolled backprop
         ones = torch.ones(z0.shape[0], dtype=torch.bool, device=z0.device)
         return z0, SolverStats(0, torch.zeros(z0.shape[0], device=z0.device), ones)
-    z, passes = z0, 0
+    z, passes, best = z0, 0, None
     while passes < max_iter:
         passes += 1
         last = passes == max_iter
         f_z, residual = step(z, tol is not None or last)
-        if tol is not None and agreed_max(residual, group) < tol:
-            break
+        if tol is not None:
+            best = _keep_lowest(best, f_z, residual)
+            if agreed_max(residual, group) < tol:
+                break
         if not last:
             z = history.next_iterate(z, f_z.clone()) if history is not None else f_z
+    if best is not None:
+        f_z, residual = best
     converged = residual < tol if tol is not None else torch.ones_like(residual, dtype=torch.bool)
     return f_z, SolverStats(passes, residual, converged)
+
+
+def _keep_lowest(best, f_z: torch.Tensor, residual: torch.Tensor):
+    """Per sample, the iterate of lowest residual so far and that residual: a solve that stops at
+    a tolerance returns it, as the released code's solver (torchdeq) does. Where the residual
+    falls monotonically this is the last iterate; where the cap is hit on an oscillating sample
+    it is the best one seen."""
+    if best is None:
+        return f_z.clone(), residual.clone()
+    kept, kept_residual = best
+    better = residual < kept_residual
+    return (torch.where(better.view(-1, *[1] * (f_z.dim() - 1)), f_z, kept),
+            torch.where(better, residual, kept_residual))
 
 
 class _AndersonHistory:

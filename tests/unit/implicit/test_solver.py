@@ -74,3 +74,30 @@ def test_zero_passes_returns_the_start():
     z0 = torch.randn(2, 4)
     z, stats = solve(lambda z: z + 1, z0, max_iter=0, tol=None)
     assert z is z0 and stats.passes == 0
+
+
+def test_a_capped_solve_returns_each_samples_lowest_residual_iterate():
+    """F alternates between a near and a far point for sample 0 (its residual oscillates) and
+    converges for sample 1: sample 0 gets the iterate of its lowest residual, not the last."""
+    targets = [torch.tensor(t, dtype=torch.float64) for t in ([1.0, 0.0], [0.0, 1.0], [1.0, 0.2])]
+
+    class Oscillating:
+        calls = 0
+
+        def __call__(self, z):
+            out = 0.5 * z + 0.5
+            out[0] = targets[self.calls % 3]
+            self.calls += 1
+            return out
+
+    z0 = torch.zeros(2, 2, dtype=torch.float64)
+    f = Oscillating()
+    z, stats = solve(f, z0, max_iter=6, tol=1e-3)
+    assert stats.passes == 6 and not stats.converged[0]
+    # residuals of sample 0: pass 1 ||t0 - 0||/||t0|| = 1, pass 2 ||t1 - t0||/||t1|| = 1.414,
+    # pass 3 ||t2 - t1||/||t2|| = 1.256, pass 4 ||t0 - t2||/||t0|| = 0.2 (the lowest), pass 5 1.414, 6 1.256
+    assert torch.equal(z[0], targets[0]) and abs(stats.residual[0].item() - 0.2) < 1e-12
+    last = 0.5 * (0.5 * (0.5 * (0.5 * (0.5 * (0.5 * 0 + 0.5) + 0.5) + 0.5) + 0.5) + 0.5) + 0.5
+    assert torch.allclose(z[1], torch.full((2,), last, dtype=torch.float64))  # monotone: the last iterate
+    _, bounded = solve(Oscillating(), z0, max_iter=6, tol=None)  # a fixed-depth solve keeps the last
+    assert abs(bounded.residual[0].item() - (1.64 / 1.04) ** 0.5) < 1e-12
