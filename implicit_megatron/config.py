@@ -107,6 +107,9 @@ class ImplicitConfig:
     phantom_steps: int = 1
     damping: float = 0.8  # lambda of the phantom step z <- (1-l) z + l F(z)
     eval_factor: int = 4  # evaluation caps the passes at max_iter * eval_factor
+    # A bounded phase's evaluation stops at eval_tol (as the released (4+1) models are evaluated);
+    # null evaluates it at its fixed depth max_iter. Free phases evaluate at their own tol.
+    eval_tol: float | None = 0.05
     injection: bool = True  # the shared input-injection module
     weight_norm: bool = False
     gradient: Literal["phantom", "unrolled"] = "phantom"  # unrolled: backprop through all passes
@@ -329,6 +332,8 @@ def validate(cfg: Config, sources: dict[str, str] | None = None, world_size: int
         fail("implicit.damping", f"expected 0 < damping <= 1, got {im.damping}")
     if im.tol is not None:
         positive("implicit.tol", im.tol)
+    if im.eval_tol is not None:
+        positive("implicit.eval_tol", im.eval_tol)
     if im.anderson.enabled:
         positive("implicit.anderson.window", im.anderson.window)
         non_negative("implicit.anderson.regularization", im.anderson.regularization)

@@ -1,14 +1,15 @@
 """Evaluate a trained model as the paper does.
 
     python tools/evaluate.py CHECKPOINT_OR_EXPORT --data PREFIX [--tasks ppl,extrapolation,dynamics,duality,lm_eval]
-        [--seq-lens 2048,4096,8192,16384] [--max-iter N] [--tol EPS] [--phase NAME] [--batch-size N]
+        [--seq-lens 2048,4096,8192,16384] [--max-iter N] [--tol EPS] [--fixed-depth] [--phase NAME] [--batch-size N]
         [--max-windows N] [--sequential-windows N] [--output DIR] [--device cpu|cuda] [--dtype fp32|bf16]
         [--run RUN_DIR] [--lm-eval-tasks T1,T2] [--lm-eval-include PATH] [--lm-eval-backend implicit_megatron|hf]
 
 CHECKPOINT_OR_EXPORT is a run's checkpoints/ folder (any ZeRO stage; its `latest` tag, or --tag) or
 a folder written by tools/convert_checkpoint.py export. The solver runs the (s+k) phase the weights
 were trained in (a checkpoint's tag names it; an export is taken as the end of its run), capped
-at max_iter x eval_factor passes in a free phase; --phase, --max-iter and --tol override.
+at max_iter x eval_factor passes and stopping at the phase's tolerance (a bounded phase: at
+implicit.eval_tol, or at exactly max_iter passes with --fixed-depth); --phase, --max-iter and --tol override.
 
 Tasks: ppl (test-split perplexity at the first length), extrapolation (perplexity and
 per-position perplexity at every length), dynamics (solver passes and final relative residual),
@@ -57,6 +58,8 @@ def parse(argv: list[str] | None):
     p.add_argument("--phase", default=None, help="evaluate with this curriculum phase's (s+k) and tolerance")
     p.add_argument("--max-iter", type=int, default=None, help="cap on solver passes per forward")
     p.add_argument("--tol", type=float, default=None, help="stopping tolerance of the relative residual")
+    p.add_argument("--fixed-depth", action="store_true",
+                   help="a bounded phase at exactly its max_iter passes instead of stopping at implicit.eval_tol")
     p.add_argument("--output", default=None)
     p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
     p.add_argument("--dtype", default="fp32", choices=("fp32", "bf16", "fp64"))
@@ -90,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
                           batch_size=args.batch_size, max_windows=args.max_windows,
                           sequential_windows=args.sequential_windows, position_buckets=args.position_buckets,
                           split=args.split, seed=args.seed, output=args.output, device=args.device,
-                          dtype=args.dtype, solver=SolverChoice(args.phase, args.max_iter, args.tol),
+                          dtype=args.dtype, solver=SolverChoice(args.phase, args.max_iter, args.tol, args.fixed_depth),
                           lm_eval=lm_eval, run_dir=args.run_dir)
     try:
         results = run_evaluation(options)

@@ -3,7 +3,9 @@
 The run config's `implicit` section holds the first phase; the trainer switches phases on the
 core only. So the weights of `free-step200` must be evaluated with the free phase's (24+4) and
 tolerance, not with the config's (4+1). A checkpoint names its phase in its tag; an export does
-not, and is taken to be the end of its run (the last phase). Explicit options override either.
+not, and is taken to be the end of its run (the last phase). A bounded phase is evaluated as the
+released (4+1) models are: stopping at implicit.eval_tol (0.05) within eval_factor x max_iter
+passes, unless the fixed-depth view is asked for. Explicit options override either.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ class SolverChoice:
     phase: str | None = None  # a curriculum phase by name
     max_iter: int | None = None  # cap on passes per forward in evaluation (replaces max_iter x eval_factor)
     tol: float | None = None  # stopping tolerance of the relative residual
+    fixed_depth: bool = False  # a bounded phase at exactly its max_iter passes, not stopping at eval_tol
 
 
 def find_phase(cfg: Config, name: str) -> PhaseConfig:
@@ -42,7 +45,10 @@ def resolve_solver(cfg: Config, tag_phase: str | None, choice: SolverChoice) -> 
     if choice.phase and phase is None:
         raise ValueError(f"phase {choice.phase!r} is not in the run's curriculum (it has none)")
     s, k, tol = (phase.max_iter, phase.phantom_steps, phase.tol) if phase else (im.max_iter, im.phantom_steps, im.tol)
-    tol = choice.tol if choice.tol is not None else tol
+    if choice.tol is not None:
+        tol = choice.tol
+    elif tol is None and not choice.fixed_depth:  # a bounded phase stops at its evaluation tolerance
+        tol = im.eval_tol
     cap = choice.max_iter or (s * im.eval_factor if tol is not None else s)
     return {"implicit": True, "phase": phase.name if phase else None, "max_iter": s, "phantom_steps": k, "tol": tol,
             "cap": cap, "damping": im.damping, "label": f"({s}+{k})"}
@@ -51,5 +57,5 @@ def resolve_solver(cfg: Config, tag_phase: str | None, choice: SolverChoice) -> 
 def apply_solver(model: LanguageModel, settings: dict) -> None:
     """Set the core so that evaluation runs at most `cap` passes, stopping early at `tol`."""
     if settings["implicit"]:
-        model.core.set_phase(max_iter=settings["cap"], eval_factor=1, tol=settings["tol"],
+        model.core.set_phase(max_iter=settings["cap"], eval_factor=1, tol=settings["tol"], eval_tol=None,
                              phantom_steps=settings["phantom_steps"])

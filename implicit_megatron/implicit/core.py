@@ -41,22 +41,28 @@ class SolverSettings:
     """The knobs of one (s+k) phase; a curriculum swaps them between phases."""
 
     max_iter: int = 4
-    tol: float | None = None
+    tol: float | None = None  # None: a bounded phase (exactly max_iter passes in training)
     phantom_steps: int = 1
     damping: float = 0.8
     eval_factor: int = 4
     gradient: str = "phantom"  # or "unrolled"
     anderson: AndersonSettings = field(default_factory=AndersonSettings)
+    eval_tol: float | None = None  # where a bounded phase's evaluation stops; None: at its fixed depth
 
     @classmethod
     def from_config(cls, cfg: ImplicitConfig) -> SolverSettings:
         return cls(cfg.max_iter, cfg.tol, cfg.phantom_steps, cfg.damping, cfg.eval_factor, cfg.gradient,
-                   cfg.anderson)
+                   cfg.anderson, cfg.eval_tol)
+
+    def stop_tol(self, training: bool) -> float | None:
+        """The tolerance the solver stops at: the phase's own; a bounded phase's evaluation stops at
+        eval_tol (the released (4+1) models are evaluated at 0.05), or never (fixed depth)."""
+        return self.tol if training or self.tol is not None else self.eval_tol
 
     def cap(self, training: bool) -> int:
-        """Passes allowed: a free phase evaluates with eval_factor x max_iter; a bounded phase
-        (tol None) is a fixed-depth weight-tied network and evaluates exactly as it trains."""
-        return self.max_iter if training or self.tol is None else self.max_iter * self.eval_factor
+        """Passes allowed: max_iter in training; an evaluation that stops at a tolerance allows
+        eval_factor x max_iter, a fixed-depth evaluation exactly max_iter."""
+        return self.max_iter if training or self.stop_tol(False) is None else self.max_iter * self.eval_factor
 
 
 class ImplicitCore(nn.Module):
@@ -116,14 +122,17 @@ class ImplicitCore(nn.Module):
         z0 = torch.zeros_like(x)
         if s.gradient == "unrolled" and torch.is_grad_enabled():
             return self._unrolled(f, z0)
+        cap, tol = s.cap(self.training), s.stop_tol(self.training)
         if graphs:
             solver = self._solver_graphs(z0, inj, seq_idx)
             solver.start(inj, seq_idx)
-            z_star, stats = solve_with(solver.step, z0, s.cap(self.training), s.tol, s.anderson, self.group)
+            z_star, stats = solve_with(solver.step, z0, cap, tol, s.anderson, self.group)
             z_star, stats.residual = z_star.clone(), stats.residual.clone()
         else:
             with parametrize.cached():
-                z_star, stats = solve(f, z0, s.cap(self.training), s.tol, s.anderson, self.group)
+                z_star, stats = solve(f, z0, cap, tol, s.anderson, self.group)
+        if tol is None and s.eval_tol is not None:  # a bounded phase: converged means below eval_tol
+            stats.converged = stats.residual < s.eval_tol
         self.last_stats = stats
         if not self.training:  # evaluation returns the fixed point itself, as torchdeq does
             return z_star
@@ -249,7 +258,7 @@ class ImplicitCore(nn.Module):
             z_t, state = self.backbone.step(x_t, state, None)
             return z_t, state, SolverStats(1, torch.zeros(x_t.shape[0]), torch.ones(x_t.shape[0], dtype=torch.bool))
         s = self.settings
-        cap = s.cap(self.training)
+        cap, tol = s.cap(self.training), s.stop_tol(self.training)
         z, passes = torch.zeros_like(x_t), 0
         residual = torch.zeros(x_t.shape[0], device=x_t.device)
         candidate = state
@@ -258,11 +267,11 @@ class ImplicitCore(nn.Module):
             f_z, candidate = self.backbone.step(z, state, inj_t)
             residual = relative_residual(f_z, z)
             z = f_z
-            if s.tol is not None and residual.max().item() < s.tol:
+            if tol is not None and residual.max().item() < tol:
                 break
         phantom = s.phantom_steps if self.training else 0  # as in simultaneous mode
         for _ in range(phantom):
             f_z, candidate = self.backbone.step(z, state, inj_t)
             z = (1.0 - s.damping) * z + s.damping * f_z
-        converged = residual < s.tol if s.tol is not None else torch.ones_like(residual, dtype=torch.bool)
+        converged = residual < tol if tol is not None else torch.ones_like(residual, dtype=torch.bool)
         return z, candidate, SolverStats(passes, residual, converged, phantom_passes=phantom)

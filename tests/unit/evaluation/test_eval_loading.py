@@ -27,13 +27,17 @@ def test_the_solver_follows_the_phase_and_the_overrides(tiny_run):
     cfg = load_model(tiny_run.export).cfg
     free = resolve_solver(cfg, None, SolverChoice())
     assert (free["phase"], free["label"], free["tol"], free["cap"]) == ("free", "(24+4)", 0.05, 96)
-    bounded = resolve_solver(cfg, "bounded", SolverChoice())
-    assert (bounded["label"], bounded["tol"], bounded["cap"]) == ("(4+1)", None, 4)
+    bounded = resolve_solver(cfg, "bounded", SolverChoice())  # as the released (4+1) models: eps 0.05, 16 passes
+    assert (bounded["label"], bounded["tol"], bounded["cap"]) == ("(4+1)", 0.05, 16)
+    fixed = resolve_solver(cfg, "bounded", SolverChoice(fixed_depth=True))
+    assert (fixed["tol"], fixed["cap"]) == (None, 4)
     assert resolve_solver(cfg, "bounded", SolverChoice(phase="free", max_iter=7, tol=0.01))["cap"] == 7
     with pytest.raises(ValueError, match="phase 'middle' is not in the run's curriculum"):
         resolve_solver(cfg, None, SolverChoice(phase="middle"))
     model = load_model(tiny_run.export, choice=SolverChoice(max_iter=7, tol=0.01)).model
     assert model.core.settings.cap(training=False) == 7 and model.core.settings.tol == 0.01
+    fixed = load_model(tiny_run.export, choice=SolverChoice(phase="bounded", fixed_depth=True)).model
+    assert fixed.core.settings.cap(training=False) == 4 and fixed.core.settings.stop_tol(training=False) is None
 
 
 def test_a_path_that_is_no_model_is_refused_clearly(tmp_path):
