@@ -25,6 +25,7 @@ from data_pipeline.tokenizer import load_tokenizer
 from implicit_megatron.builder import build_model
 from implicit_megatron.config import Config, PhaseConfig, phase_bounds
 from implicit_megatron.models.lm import seq_idx_from_eod
+from implicit_megatron.models.loss import IGNORE_INDEX
 from implicit_megatron.train import checkpoint, handoff
 from implicit_megatron.train.engine import build_engine, init_distributed
 from implicit_megatron.train.flops import peak_flops_per_device, step_flops
@@ -45,7 +46,7 @@ class Progress:
 
 
 def lm_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    return F.cross_entropy(logits.float().flatten(0, 1), labels.flatten())
+    return F.cross_entropy(logits.float().flatten(0, 1), labels.flatten(), ignore_index=IGNORE_INDEX)
 
 
 def read_on_host(*groups: list[torch.Tensor]) -> list[list[float]]:
@@ -282,28 +283,42 @@ class Trainer:
 
     @torch.no_grad()
     def evaluate(self) -> dict[str, float]:
-        """Every evaluation set of the task: loss (and perplexity or accuracy), solver passes."""
+        """Every evaluation set of the task: loss (and perplexity or accuracy) and, for an implicit
+        model, the solver's passes per forward, mean final residual and share of samples converged
+        (the paper's Table 7; a capped, unconverged evaluation shows here)."""
         self.engine.eval()
         results = {}
         for name, batches in self.task.eval_sets(self.rank, self.world).items():
-            loss_sum, correct, tokens, passes, forwards = 0.0, 0.0, 0, 0, 0
+            loss_sum, correct, tokens, passes, forwards, residual, converged, samples = [0.0] * 8
             for batch in batches:  # sums over tokens, so that ranks with smaller batches weigh less
                 inputs, labels = (t.to(self.engine.device) for t in self.task.inputs_and_targets(batch))
+                valid = labels != IGNORE_INDEX  # padding that keeps the ranks' forwards in step
+                count = valid.sum().item()
                 if self.task.reports_accuracy:
                     logits = self.forward(inputs)
-                    loss_sum += lm_loss(logits, labels).item() * labels.numel()
-                    correct += self.accuracy(logits, labels).item() * labels.numel()
+                    if count:
+                        loss_sum += lm_loss(logits, labels).item() * count
+                        correct += self.accuracy(logits, labels).item() * count
                 else:
-                    loss_sum += self.forward(inputs, labels).item() * labels.numel()
-                tokens += labels.numel()
+                    loss = self.forward(inputs, labels)
+                    loss_sum += loss.item() * count if count else 0.0
+                tokens += count
                 stats = self.engine.module.core.last_stats
                 passes, forwards = passes + (stats.passes if stats is not None else 1), forwards + 1
-            loss_sum, correct, tokens, passes, forwards = reduce_over_ranks(
-                [loss_sum, correct, tokens, passes, forwards], self.engine.device)
+                if stats is not None:
+                    real = valid.flatten(1).any(1)
+                    residual += (stats.residual.float() * real).sum().item()
+                    converged += (stats.converged & real).sum().item()
+                    samples += real.sum().item()
+            loss_sum, correct, tokens, passes, forwards, residual, converged, samples = reduce_over_ranks(
+                [loss_sum, correct, tokens, passes, forwards, residual, converged, samples], self.engine.device)
             if not tokens:
                 continue
             loss = loss_sum / tokens
             results.update({f"{name}/loss": loss, f"{name}/solver_iterations": passes / forwards})
+            if samples:
+                results.update({f"{name}/solver_residual": residual / samples,
+                                f"{name}/converged_frac": converged / samples})
             if self.task.reports_accuracy:
                 results[f"{name}/accuracy"] = correct / tokens
             else:
@@ -313,8 +328,11 @@ class Trainer:
         return results
 
     def accuracy(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        """The share of positions whose most likely class (among the real vocabulary) is the label."""
-        return (logits[..., : self.cfg.model.vocab_size].argmax(-1) == labels).float().mean()
+        """The share of positions whose most likely class (among the real vocabulary) is the label
+        (positions labelled IGNORE_INDEX not counted)."""
+        valid = labels != IGNORE_INDEX
+        hits = (logits[..., : self.cfg.model.vocab_size].argmax(-1) == labels) & valid
+        return hits.sum() / valid.sum()
 
     # ---------------------------------------------------------------- outputs
 

@@ -16,6 +16,7 @@ import torch
 
 from data_pipeline.packed import DistributedBatchIterator
 from implicit_megatron.config import Config
+from implicit_megatron.models.loss import IGNORE_INDEX
 
 
 class LanguageModelTask:
@@ -123,8 +124,16 @@ class WordProblemTask:
         from data_pipeline.synthetic.word_problem import generate
 
         words, labels = generate(spec.group, self.cfg.task.word_problem.eval_words, spec.length, spec.p, spec.seed)
-        both = torch.from_numpy(np.stack([words, labels]).astype(np.int64))[:, rank::world]
-        yield from both.split(self.cfg.train.micro_batch_size, dim=1)
+        every = torch.from_numpy(np.stack([words, labels]).astype(np.int64))
+        mine = every[:, rank::world]
+        # Every rank must run as many forwards as the others (a free phase agrees on each pass over
+        # the ranks): a rank with fewer words pads with a repeated word whose labels are ignored.
+        share = -(-every.shape[1] // world)
+        if mine.shape[1] < share:
+            filler = every[:, :1].repeat(1, share - mine.shape[1], 1)
+            filler[1] = IGNORE_INDEX
+            mine = torch.cat([mine, filler], dim=1)
+        yield from mine.split(self.cfg.train.micro_batch_size, dim=1)
 
 
 def build_task(cfg: Config) -> LanguageModelTask | WordProblemTask:

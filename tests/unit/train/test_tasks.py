@@ -71,6 +71,22 @@ def test_evaluation_sets_in_distribution_out_of_distribution_and_longer():
     assert not torch.equal(batches["val"][0], next(iter(task().train_batches(0, 1, 4))))  # not training data
 
 
+def test_every_rank_evaluates_the_same_number_of_micro_batches():
+    """7 words on 2 ranks in micro-batches of 2: 4 and 3 words would be 2 and 2 batches, 5 and 2 on 3
+    ranks would be 3 and 1; short ranks pad with an ignored word so that the counts agree."""
+    from implicit_megatron.models.loss import IGNORE_INDEX
+
+    for world in (2, 3, 8):
+        t = task("task.word_problem.eval_words=7", "train.global_batch_size=48", world=world)
+        parts = [list(t.eval_sets(rank, world)["val"]) for rank in range(world)]
+        assert len({len(p) for p in parts}) == 1, [len(p) for p in parts]
+        words = torch.cat([torch.cat(p, dim=1) for p in parts], dim=1)  # (2, words, length)
+        real = (words[1] != IGNORE_INDEX).all(1)
+        assert real.sum() == 7 and ((words[1] == IGNORE_INDEX).all(1) | real).all()
+        whole = torch.cat(list(task("task.word_problem.eval_words=7").eval_sets(0, 1)["val"]), dim=1)
+        assert sorted(map(tuple, words[0][real].tolist())) == sorted(map(tuple, whole[0].tolist()))
+
+
 def test_word_problem_config_checks():
     with pytest.raises(ConfigError, match="the S5 word problem has 120 elements"):
         load_config(EXPLICIT, ["task.word_problem.algebra=S5"])
