@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from implicit_megatron.config import load_config
+from implicit_megatron.config import load_config, phase_bounds
+from implicit_megatron.train.schedule import learning_rate
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -23,7 +24,7 @@ MAMBA2_NAME = {"1.3b": "1.3b", "760m": "780m", "350m": "370m", "130m": "130m"}  
 def paper_configs():
     for size in TABLE6:
         for arch, name in (("mamba2", MAMBA2_NAME[size]), ("llama", size)):
-            for variant in ("explicit", "implicit", "implicit-bounded", "implicit-free"):
+            for variant in ("explicit", "implicit", "implicit-bounded", "implicit-free", "implicit-4p1"):
                 yield size, arch, ROOT / "configs" / arch / f"{name}-{variant}.yaml"
 
 
@@ -65,3 +66,43 @@ def test_phase_configs_share_the_run():
     free = load_config(ROOT / "configs/llama/760m-implicit-free.yaml")
     assert bounded.output_dir == free.output_dir == "runs/llama-760m-implicit"
     assert (bounded.curriculum.run_phase, free.curriculum.run_phase) == ("bounded", "free")
+
+
+@pytest.mark.parametrize("size", list(TABLE6))
+@pytest.mark.parametrize("arch", ["mamba2", "llama"])
+def test_standalone_4p1_is_the_curricula_first_80_percent_and_then_stays_bounded(arch, size):
+    """The (4+1) rows train (4+1) on all tokens; the (24+4)/(32+4) model branches from the same run
+    at 80 %: the 4p1 config writes a checkpoint exactly where the curriculum's free phase starts,
+    with the same learning rates up to there."""
+    name = MAMBA2_NAME[size] if arch == "mamba2" else size
+    standalone = load_config(ROOT / "configs" / arch / f"{name}-implicit-4p1.yaml")
+    curriculum = load_config(ROOT / "configs" / arch / f"{name}-implicit.yaml")
+    assert all((p.kind, p.max_iter, p.phantom_steps, p.tol) == ("bounded", 4, 1, None)
+               for p in standalone.curriculum.phases)
+    (_, _, branch), (_, start, end) = phase_bounds(standalone)[0], phase_bounds(curriculum)[1]
+    assert branch == start and end == standalone.train.steps == curriculum.train.steps
+    for step in range(0, branch, branch // 50):
+        assert learning_rate(step, standalone) == learning_rate(step, curriculum)
+    assert learning_rate(standalone.train.steps - 1, standalone) < learning_rate(branch, standalone)  # cooldown
+    assert standalone.output_dir != curriculum.output_dir
+
+
+@pytest.mark.parametrize("arch", ["mamba2", "llama"])
+def test_standalone_4p1_runs_a_step(arch):
+    import torch
+
+    from implicit_megatron import build_model
+    from implicit_megatron.implicit import SolverSettings
+
+    cfg = load_config(ROOT / "configs" / arch / "130m-implicit-4p1.yaml", ["data.seq_len=32"])
+    torch.manual_seed(0)
+    model = build_model(cfg).train()
+    phase = cfg.curriculum.phases[0]
+    model.core.set_phase(max_iter=phase.max_iter, tol=phase.tol, phantom_steps=phase.phantom_steps)
+    assert isinstance(model.core.settings, SolverSettings) and model.core.settings.eval_tol == 0.05
+    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.optimizer.lr)
+    ids = torch.randint(0, cfg.model.vocab_size, (1, cfg.data.seq_len + 1))
+    loss = model(ids[:, :-1], labels=ids[:, 1:])
+    loss.backward()
+    optimizer.step()
+    assert torch.isfinite(loss) and model.core.last_stats.passes == 4 and model.core.last_stats.phantom_passes == 1

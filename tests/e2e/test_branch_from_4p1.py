@@ -1,0 +1,43 @@
+"""The paper's (24+4) model branches from a standalone (4+1) run at 80 % (README, "Standalone (4+1)
+runs"): the 4p1 run writes bounded-step<N> where the curriculum's free phase starts, and the free
+phase's launch starts from it with `checkpoint.load`, continuing step, schedule and data."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from support.processes import run_torchrun
+
+TINY = "configs/tiny/mamba2-implicit.yaml"
+FOUR_PLUS_ONE = ("curriculum.phases=[{name: bounded, kind: bounded, fraction: 0.8, max_iter: 4, phantom_steps: 1},"
+                 " {name: bounded-end, kind: bounded, fraction: 0.2, max_iter: 4, phantom_steps: 1}]")
+
+
+def rows(out: Path) -> list[dict]:
+    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.distributed
+def test_the_free_phase_branches_from_the_standalone_run(shakespeare_shards, tmp_path):
+    common = [f"data.prefixes=[{shakespeare_shards}]", "data.source=null", "train.steps=10", "train.log_interval=1",
+              "train.eval_interval=100", "tracking.enabled=false", "checkpoint.interval=100"]
+    standalone, branch = tmp_path / "4p1", tmp_path / "curriculum"
+    result = run_torchrun("-m", "implicit_megatron.train", TINY, *common, FOUR_PLUS_ONE,
+                          f"train.output_dir={standalone}", nproc=1)
+    assert result.returncode == 0, result.stdout[-4000:]
+    checkpoints = standalone / "checkpoints"
+    assert (checkpoints / "bounded-step8").is_dir()
+    assert (checkpoints / "latest").read_text().strip() == "bounded-end-step10"
+    assert all(r.get("solver/iterations", 4) == 4 for r in rows(standalone))  # (4+1) throughout
+
+    result = run_torchrun("-m", "implicit_megatron.train", TINY, *common, "curriculum.run_phase=free",
+                          f"checkpoint.load={checkpoints / 'bounded-step8'}", f"train.output_dir={branch}", nproc=1)
+    assert result.returncode == 0, result.stdout[-4000:]
+    assert "at step 8 (64 samples)" in result.stdout
+    trained = [r for r in rows(branch) if "train/loss" in r]
+    assert [r["step"] for r in trained] == [9, 10] and trained[-1]["train/consumed_samples"] == 80
+    assert (branch / "checkpoints" / "latest").read_text().strip() == "free-step10"
+    first = {r["step"]: r for r in rows(standalone) if "train/loss" in r}
+    assert trained[0]["train/lr"] == first[9]["train/lr"]  # the schedule continues
