@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,7 +42,6 @@ class PartWriter:
         _, builder_cls = megatron_indexed()
         self.builders = {s: builder_cls(str(self.tmp / f"{s}.bin"), dtype=plan.dtype) for s in SPLITS}
         self.counts = Counts()
-        self.started = time.monotonic()
 
     @property
     def full(self) -> bool:
@@ -61,7 +59,6 @@ class PartWriter:
     def finish(self) -> Path:
         for split, builder in self.builders.items():
             finalize(builder, str(self.tmp / f"{split}.idx"))
-        self.counts.seconds = time.monotonic() - self.started
         write_json_atomic(self.tmp / "done.json", {"input": self.plan.specs[self.index].location,
                                                    "counts": self.counts.to_dict()})
         os.rename(self.tmp, self.final)

@@ -27,7 +27,7 @@ from data_pipeline.parts import reuse_finished, write_json_atomic, write_parts
 from data_pipeline.plan import Plan, PreprocessConfig, PreprocessError, plan_run
 from data_pipeline.progress import Progress
 from data_pipeline.splits import SPLITS
-from data_pipeline.stats import Counts
+from data_pipeline.stats import Counts, throughput
 from data_pipeline.workers import EncoderPool
 
 __all__ = ["PreprocessConfig", "PreprocessError", "run_preprocess"]
@@ -55,7 +55,7 @@ def _run_locked(plan: Plan) -> dict:
         shutil.rmtree(leftover)
     total = Counts()
     parts = reuse_finished(plan, total)
-    reused = len(parts)
+    reused, before = len(parts), Counts.from_dict(total.to_dict())
     encoders = EncoderPool(plan.tokenizer, plan.config.eod_token, plan.settings, plan.config.workers)
     progress = Progress(plan.config.progress)
     progress.add_finished(total)
@@ -66,11 +66,9 @@ def _run_locked(plan: Plan) -> dict:
     finally:
         encoders.close()
         progress.close()
-    merge_started = time.monotonic()
     shards = {split: merge_split([str(p / split) for p in parts], plan.prefix, split, plan.dtype,
                                  plan.config.max_shard_tokens) for split in SPLITS}
-    total.seconds += time.monotonic() - merge_started
-    stats = _stats(plan, total, shards, len(parts), reused, time.monotonic() - started)
+    stats = _stats(plan, total, total.minus(before), shards, len(parts), reused, time.monotonic() - started)
     write_json_atomic(plan.stats_path, stats)
     shutil.rmtree(plan.work_dir)
     _say(plan.config, _summary(stats))
@@ -92,13 +90,14 @@ def _finished_stats(plan: Plan) -> dict | None:
     return stats
 
 
-def _stats(plan: Plan, total: Counts, shards: dict[str, list[str]], processed: int, reused: int,
-           wall: float) -> dict:
+def _stats(plan: Plan, total: Counts, work: Counts, shards: dict[str, list[str]], processed: int,
+           reused: int, wall: float) -> dict:
+    """`total` counts the whole job; `work` what this run tokenized itself (the rates are its)."""
     data = total.to_dict()
     split_docs, split_tokens = data.pop("split_documents"), data.pop("split_tokens")
     config = plan.config
     return {
-        **data, **total.throughput(), "wall_seconds": wall,
+        **data, **throughput(work, wall), "wall_seconds": wall,
         "splits": {split: {"documents": split_docs[split], "tokens": split_tokens[split],
                            "shards": shards[split]} for split in SPLITS},
         "inputs": [spec.location for spec in plan.specs], "inputs_processed": processed,
@@ -114,8 +113,10 @@ def _stats(plan: Plan, total: Counts, shards: dict[str, list[str]], processed: i
 
 def _summary(stats: dict) -> str:
     skipped = ", ".join(f"{k}={v}" for k, v in sorted(stats["skipped"].items())) or "none"
-    return (f"{stats['documents']} documents, {stats['tokens']} tokens "
-            f"({stats['tokens_per_second']:,.0f} tokens/s); skipped: {skipped}")
+    reused = f", {stats['inputs_reused']} inputs reused" if stats["inputs_reused"] else ""
+    return (f"{stats['documents']} documents, {stats['tokens']} tokens in {stats['wall_seconds']:.1f} s "
+            f"({stats['tokens_per_second']:,.0f} tokens/s{reused}; one worker encodes "
+            f"{stats['tokens_per_worker_cpu_second']:,.0f} tokens/s); skipped: {skipped}")
 
 
 def _say(config: PreprocessConfig, message: str) -> None:

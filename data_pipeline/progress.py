@@ -33,13 +33,17 @@ class Progress:
         tqdm.write(f"warning: {message}", file=sys.stderr)
 
     def close(self) -> None:
+        self._show_rates(time.monotonic())  # the last figure shown is the whole run's, not a stale one
         self.bar.close()
 
     def _advance(self, documents: int) -> None:
         self.bar.update(documents)
         now = time.monotonic()
         if now - self.last_postfix >= 1.0:
-            elapsed = max(now - self.started, 1e-9)
-            self.bar.set_postfix_str(f"{self.tokens / elapsed:,.0f} tok/s, {self.bytes / elapsed / 1e6:.2f} MB/s",
-                                     refresh=False)
-            self.last_postfix = now
+            self._show_rates(now)
+
+    def _show_rates(self, now: float) -> None:
+        elapsed = max(now - self.started, 1e-9)
+        self.bar.set_postfix_str(f"{self.tokens / elapsed:,.0f} tok/s, {self.bytes / elapsed / 1e6:.2f} MB/s",
+                                 refresh=False)
+        self.last_postfix = now

@@ -7,7 +7,7 @@ reports the whole job) and the per-input counts are added up, in input order, fo
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 
 from data_pipeline.encoder import BatchResult
 from data_pipeline.splits import SPLITS
@@ -24,7 +24,6 @@ class Counts:
     split_tokens: dict[str, int] = field(default_factory=lambda: dict.fromkeys(SPLITS, 0))
     skipped: dict[str, int] = field(default_factory=dict)
     skipped_examples: dict[str, list[str]] = field(default_factory=dict)
-    seconds: float = 0.0
     encode_cpu_seconds: float = 0.0  # CPU time of the tokenizing processes (contention-free cost)
 
     def skip(self, reason: str, location: str) -> None:
@@ -49,7 +48,6 @@ class Counts:
         self.documents += other.documents
         self.tokens += other.tokens
         self.bytes += other.bytes
-        self.seconds += other.seconds
         self.encode_cpu_seconds += other.encode_cpu_seconds
         for split in SPLITS:
             self.split_documents[split] += other.split_documents[split]
@@ -64,10 +62,20 @@ class Counts:
 
     @classmethod
     def from_dict(cls, data: dict) -> Counts:
-        return cls(**data)
+        known = {f.name for f in fields(cls)}  # done.json of an older version may hold more
+        return cls(**{key: value for key, value in data.items() if key in known})
 
-    def throughput(self) -> dict[str, float]:
-        seconds = max(self.seconds, 1e-9)
-        return {"docs_per_second": self.documents / seconds, "tokens_per_second": self.tokens / seconds,
-                "mb_per_second": self.bytes / seconds / 1e6,
-                "tokens_per_encode_cpu_second": self.tokens / max(self.encode_cpu_seconds, 1e-9)}
+    def minus(self, earlier: Counts) -> Counts:
+        """The documents, tokens and bytes added since `earlier` (for throughput only)."""
+        return Counts(documents=self.documents - earlier.documents, tokens=self.tokens - earlier.tokens,
+                      bytes=self.bytes - earlier.bytes,
+                      encode_cpu_seconds=self.encode_cpu_seconds - earlier.encode_cpu_seconds)
+
+
+def throughput(work: Counts, wall_seconds: float) -> dict[str, float]:
+    """Wall-clock rates of one run (`work` is what it tokenized itself, reused inputs excluded), and
+    the tokens one tokenizing worker encodes per second of its CPU time, named as such."""
+    wall = max(wall_seconds, 1e-9)
+    return {"docs_per_second": work.documents / wall, "tokens_per_second": work.tokens / wall,
+            "mb_per_second": work.bytes / wall / 1e6,
+            "tokens_per_worker_cpu_second": work.tokens / max(work.encode_cpu_seconds, 1e-9)}

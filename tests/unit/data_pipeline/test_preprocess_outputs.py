@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 
@@ -103,3 +104,21 @@ def test_eod_token_option_overrides_the_end_of_text_token(tmp_path, neox, neox_p
     padding = neox.token_id("<|padding|>")
     assert stats["eod_id"] == padding != neox.eod_id
     assert read_split(str(prefix), "train") == [neox.encode(t) + [padding] for t in small_texts[:5]]
+
+
+def test_throughput_is_wall_clock(tmp_path, neox_path, small_texts, write_jsonl):
+    first = write_jsonl(tmp_path / "a.jsonl", [{"text": t} for t in small_texts[:30]])
+    second = write_jsonl(tmp_path / "b.jsonl", [{"text": t} for t in small_texts[30:]])
+    prefix = tmp_path / "out" / "neox"
+    started = time.monotonic()
+    stats = run_preprocess(_config([first, second], prefix, neox_path, workers=1))
+    measured = time.monotonic() - started
+
+    assert 0.5 * measured <= stats["wall_seconds"] <= measured
+    assert stats["tokens_per_second"] == pytest.approx(stats["tokens"] / stats["wall_seconds"])
+    assert stats["tokens"] / measured <= stats["tokens_per_second"] <= 2 * stats["tokens"] / measured
+    assert stats["docs_per_second"] == pytest.approx(stats["documents"] / stats["wall_seconds"])
+    # a worker's own encode rate is named apart: its CPU time is only part of the wall time
+    assert stats["tokens_per_worker_cpu_second"] == pytest.approx(stats["tokens"] / stats["encode_cpu_seconds"])
+    assert stats["tokens_per_worker_cpu_second"] > stats["tokens_per_second"]
+

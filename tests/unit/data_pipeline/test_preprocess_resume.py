@@ -9,6 +9,8 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 from data_pipeline.pipeline import PreprocessConfig, run_preprocess
 
 INPUTS = 16
@@ -51,11 +53,14 @@ def test_killed_run_resumes_to_identical_shards(tmp_path, corpus, neox_path, wri
     assert not (tmp_path / "resumed" / "neox_stats.json").exists()
     assert output_bytes(str(prefix)) == {}, "nothing may sit under a final name before the run completes"
 
+    reused_tokens = sum(json.loads((part / "done.json").read_text())["counts"]["tokens"] for part in finished)
     result = run_cli("data_pipeline.preprocess", *arguments, "--output-prefix", str(prefix))
     assert result.returncode == 0, result.stderr
     stats = json.loads((tmp_path / "resumed" / "neox_stats.json").read_text())
     assert stats["inputs_reused"] == len(finished)
     assert stats["documents"] == len(documents)
+    # the rate is this run's own work over its wall time: reused inputs took no time and add nothing
+    assert stats["tokens_per_second"] == pytest.approx((stats["tokens"] - reused_tokens) / stats["wall_seconds"])
     resumed, expected = output_bytes(str(prefix)), output_bytes(str(reference))
     assert len(expected) > 6  # several shards per split
     assert resumed == expected
