@@ -11,11 +11,20 @@ from implicit_megatron.utils.typed_yaml import ConfigError
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m implicit_megatron.train")
-    parser.add_argument("config")
-    parser.add_argument("overrides", nargs="*")
+    parser = argparse.ArgumentParser(
+        prog="python -m implicit_megatron.train", formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Train one rank of a run: started by launch/pretrain.sh, torchrun, the DeepSpeed\n"
+                    "launcher or srun; run directly, it is a world of one process.",
+        epilog="Every config key, its type and default: implicit_megatron/config.py (README: Configuration).\n"
+               "Check a config before launching: python -m implicit_megatron.config CONFIG [key=value ...]\n"
+               "Examples: configs/quickstart.yaml, configs/{mamba2,llama}/{size}-implicit.yaml")
+    parser.add_argument("config", metavar="CONFIG", nargs="?", help="the run's YAML file (with its base: chain)")
+    parser.add_argument("overrides", metavar="key=value", nargs="*",
+                        help="optional dotted overrides, e.g. train.steps=100 implicit.cuda_graphs=off")
     parser.add_argument("--local_rank", "--local-rank", type=int, help=argparse.SUPPRESS)  # LOCAL_RANK is used
     args = parser.parse_args(argv)
+    if args.config is None:
+        parser.error("a config file is required, e.g. configs/quickstart.yaml (overrides are optional)")
     os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
     try:
         cfg = load_config(args.config, args.overrides, world_size=int(os.environ.get("WORLD_SIZE", "1")))

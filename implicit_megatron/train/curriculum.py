@@ -25,21 +25,51 @@ def finished_step(cfg: Config) -> int:
     return int(match.group(1)) if match else 0
 
 
-def phase_names(config: str, overrides: list[str]) -> list[str]:
+OWN_LAUNCH_KEYS = ("zero_stage", "micro_batch_size", "launch")
+
+
+def _raw_phases(config: str, overrides: list[str]) -> tuple[list[dict], dict]:
     data, sources = read_yaml_chain(config)
     data, _ = apply_overrides(data, sources, overrides)
-    phases = (data.get("curriculum") or {}).get("phases") or []
-    return [p.get("name") for p in phases if isinstance(p, dict)]
+    curriculum = data.get("curriculum") or {}
+    return [p for p in curriculum.get("phases") or [] if isinstance(p, dict)], curriculum
+
+
+def phase_names(config: str, overrides: list[str]) -> list[str]:
+    return [p.get("name") for p in _raw_phases(config, overrides)[0]]
+
+
+def needs_own_launches(config: str, overrides: list[str]) -> bool:
+    """Whether the config is a curriculum of separate launches (a phase with its own ZeRO stage,
+    micro batch or launch) that no `curriculum.run_phase` narrows to one phase."""
+    phases, curriculum = _raw_phases(config, overrides)
+    return curriculum.get("run_phase") is None and any(k in p for p in phases for k in OWN_LAUNCH_KEYS)
+
+
+def phase_configs(config: str, overrides: list[str], world_size: int | None = None,
+                  check_files: bool = False) -> list[Config]:
+    """Every phase's config as its own launch will load it; a phase that names its processes is
+    checked for its own data-parallel size, the others for `world_size`."""
+    phases = _raw_phases(config, overrides)[0]
+    if not phases:
+        raise ConfigError(config, "curriculum.phases", "no phases; run this config with launch/pretrain.sh")
+    configs = []
+    for phase in phases:
+        launch = phase.get("launch") if isinstance(phase.get("launch"), dict) else {}
+        size = world_size
+        if isinstance(launch.get("processes_per_node"), int):
+            nodes = launch.get("num_nodes")
+            size = (nodes if isinstance(nodes, int) else 1) * launch["processes_per_node"]
+        configs.append(load_config(config, [*overrides, f"curriculum.run_phase={phase.get('name')}"],
+                                   world_size=size, check_files=check_files))
+    return configs
 
 
 def plan(config: str, overrides: list[str]) -> list[tuple[str, str, str, str, str]]:
     """Every phase, its config checked as its own launch will load it, before any of them starts."""
-    names = phase_names(config, overrides)
-    if not names:
-        raise ConfigError(config, "curriculum.phases", "no phases; run this config with launch/pretrain.sh")
     rows = []
-    for name in names:
-        cfg = load_config(config, [*overrides, f"curriculum.run_phase={name}"], check_files=False)
+    for cfg in phase_configs(config, overrides):
+        name = cfg.curriculum.run_phase
         phase, _, end = next(b for b in phase_bounds(cfg) if b[0].name == name)
         launch = phase.launch
         status = "done" if finished_step(cfg) >= end else "todo"

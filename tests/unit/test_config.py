@@ -24,17 +24,14 @@ def _repo_cwd(monkeypatch):
 
 @pytest.mark.parametrize("path", EXPERIMENTS, ids=lambda p: str(p.relative_to(CONFIGS)))
 def test_every_config_validates(path):
-    from implicit_megatron.train.curriculum import phase_names
+    from implicit_megatron.train.curriculum import needs_own_launches, phase_configs
 
-    data = yaml.safe_load(path.read_text())
-    own_launches = any("zero_stage" in p or "micro_batch_size" in p or "launch" in p
-                       for p in (data.get("curriculum") or {}).get("phases") or [])
-    runs = [[f"curriculum.run_phase={name}"] for name in phase_names(str(path), [])] if own_launches else [[]]
-    for overrides in runs:  # a curriculum of separate launches is checked phase by phase, as curriculum.sh does
-        cfg = load_config(path, overrides, world_size=1)
-        assert cfg.name
-        if cfg.curriculum.run_phase:
-            assert cfg.curriculum.run_phase in {p.name for p in cfg.curriculum.phases}
+    if needs_own_launches(str(path), []):  # checked phase by phase, as curriculum.sh launches them
+        configs = phase_configs(str(path), [], world_size=1)
+        assert [c.curriculum.run_phase for c in configs] == [p.name for p in configs[0].curriculum.phases]
+    else:
+        configs = [load_config(path, [], world_size=1)]
+    assert all(cfg.name for cfg in configs)
 
 
 def write(tmp_path: Path, name: str, text: str) -> Path:
@@ -174,6 +171,36 @@ def test_cli_prints_config_or_exits_2():
     assert ok.returncode == 0 and "steps: 70" in ok.stdout
     bad = subprocess.run([*cmd, "configs/quickstart.yaml", "train.stepz=7"], cwd=ROOT, capture_output=True, text=True)
     assert bad.returncode == 2 and "train.stepz" in bad.stderr and "command line" in bad.stderr
+    bare = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+    assert bare.returncode == 2 and "a config file is required" in bare.stderr
+    assert "overrides are optional" in bare.stderr and "config, overrides" not in bare.stderr
+
+
+def test_train_help_names_config_overrides_and_the_reference():
+    cmd = [sys.executable, "-m", "implicit_megatron.train"]
+    shown = subprocess.run([*cmd, "--help"], cwd=ROOT, capture_output=True, text=True)
+    assert shown.returncode == 0
+    for words in ("CONFIG", "key=value", "optional dotted overrides", "implicit_megatron/config.py",
+                  "python -m implicit_megatron.config"):
+        assert words in shown.stdout, words
+    bare = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+    assert bare.returncode == 2 and "a config file is required" in bare.stderr
+
+
+def test_cli_checks_a_curriculum_of_launches_phase_by_phase():
+    """The checker accepts what launch/curriculum.sh runs and shows each phase's launch settings."""
+    cmd = [sys.executable, "-m", "implicit_megatron.config", "configs/tiny/mamba2-curriculum.yaml"]
+    ok = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+    assert ok.returncode == 0, ok.stderr
+    bounded, free = list(yaml.safe_load_all(ok.stdout))
+    assert bounded["curriculum"]["run_phase"] == "bounded" and bounded["distributed"]["zero_stage"] == 2
+    assert free["curriculum"]["run_phase"] == "free" and free["distributed"]["zero_stage"] == 3
+    assert "# phase 'free'" in ok.stdout
+    # the bounded phase launches 2 processes: its batch is checked for that data-parallel size
+    bad = subprocess.run([*cmd, "train.global_batch_size=12"], cwd=ROOT, capture_output=True, text=True)
+    assert bad.returncode == 2 and "train.global_batch_size" in bad.stderr and "4 x 2 = 8" in bad.stderr
+    one = subprocess.run([*cmd, "curriculum.run_phase=free"], cwd=ROOT, capture_output=True, text=True)
+    assert one.returncode == 0 and yaml.safe_load(one.stdout)["distributed"]["zero_stage"] == 3
 
 
 def test_missing_required_key_and_impossible_values():
