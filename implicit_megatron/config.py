@@ -211,6 +211,8 @@ class CheckpointConfig:
     load_optimizer: bool = True
     load_data_state: bool = True
     allow_data_change: bool = False  # resume although data, sequence length or batch size changed
+    # a damaged newest checkpoint (or `latest`): resume from the newest complete one, or refuse
+    on_damaged: Literal["fallback", "fail"] = "fallback"
 
 
 @dataclass

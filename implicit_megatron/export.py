@@ -25,6 +25,7 @@ from implicit_megatron.train.handoff import (
     read_latest,
     saved_layout,
 )
+from implicit_megatron.train.integrity import DamagedCheckpoint, check_tag, fallback_hint
 from implicit_megatron.utils.typed_yaml import build_dataclass
 
 MODEL_FILE, CONFIG_FILE, MODELING_FILE = "model.safetensors", "config.json", "modeling_implicit_megatron.py"
@@ -44,13 +45,15 @@ def write_folder(out: Path, model: LanguageModel, cfg: Config, dtype: torch.dtyp
           "torch_dtype": str(dtype).removeprefix("torch."), CONFIG_KEY: cfg.to_dict()}
     (out / CONFIG_FILE).write_text(json.dumps(hf, indent=2))
     shutil.copy(Path(__file__).with_name("hf_model.py"), out / MODELING_FILE)
-    write_tokenizer(Path(cfg.data.tokenizer), out, cfg.data.seq_len)
+    write_tokenizer(Path(cfg.data.tokenizer), out)
     return out
 
 
-def write_tokenizer(source: Path, out: Path, max_length: int) -> None:
+def write_tokenizer(source: Path, out: Path) -> None:
     """The run's tokenizer as transformers' AutoTokenizer reads it: tokenizer.json (decompressed) and
-    tokenizer_config.json, or a sentencepiece tokenizer.model; nothing when the run had none at hand."""
+    tokenizer_config.json, or a sentencepiece tokenizer.model; nothing when the run had none at hand.
+    No `model_max_length`: the models have no length limit (the paper evaluates at 2-8x the
+    training length), and transformers would warn of indexing errors past any number written."""
     if not source.is_file():
         return
     from data_pipeline.tokenizer import load_tokenizer
@@ -62,7 +65,7 @@ def write_tokenizer(source: Path, out: Path, max_length: int) -> None:
     tokenizer.backend.save(str(out / "tokenizer.json"))
     eos = tokenizer.backend.id_to_token(tokenizer.eod_id)
     settings = {"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": eos, "bos_token": eos,
-                "unk_token": eos, "model_max_length": max_length}
+                "unk_token": eos}
     (out / "tokenizer_config.json").write_text(json.dumps(settings, indent=2))
 
 
@@ -93,6 +96,10 @@ def read_checkpoint(ckpt_dir: str | Path, tag: str | None = None) -> tuple[dict[
         raise FileNotFoundError(f"{folder}: not a checkpoint folder (no 'latest' file); name a tag with --tag")
     if not (folder / tag).is_dir():
         raise FileNotFoundError(f"{folder}: no checkpoint with tag {tag!r}")
+    try:
+        check_tag(folder / tag)
+    except DamagedCheckpoint as err:
+        raise DamagedCheckpoint(err.file, f"{err.problem}; {fallback_hint(folder, tag)}") from None
     saved = read_client_state(folder / tag)
     cfg = config_from_dict(saved["config"], str(model_states_file(folder / tag)))
     for phase in cfg.curriculum.phases:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import random
-import re
 import shutil
 from pathlib import Path
 
@@ -19,7 +18,8 @@ import torch
 import torch.distributed as dist
 
 from implicit_megatron.config import Config
-from implicit_megatron.train.handoff import LATEST, UNIVERSAL, Source, read_client_state
+from implicit_megatron.train.handoff import UNIVERSAL, Source, read_client_state, write_latest
+from implicit_megatron.train.integrity import step_of
 
 UNIVERSAL_INFO = "universal_checkpoint_info"
 CRASH_BEFORE_LATEST = "IMPLICIT_MEGATRON_CRASH_BEFORE_LATEST"  # a tag: exit after writing it, before `latest`
@@ -27,15 +27,6 @@ CRASH_BEFORE_LATEST = "IMPLICIT_MEGATRON_CRASH_BEFORE_LATEST"  # a tag: exit aft
 
 def checkpoint_dir(cfg: Config) -> Path:
     return Path(cfg.output_dir) / "checkpoints"
-
-
-def _write_latest(folder: Path, tag: str) -> None:
-    tmp = folder / f".{LATEST}.tmp"
-    with open(tmp, "w") as handle:
-        handle.write(tag + "\n")
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, folder / LATEST)
 
 
 def data_signature(cfg: Config) -> dict:
@@ -58,7 +49,7 @@ def save(engine, cfg: Config, tag: str, client_state: dict) -> Path:
     if os.environ.get(CRASH_BEFORE_LATEST) == tag:  # fault injection for the tests: die as a kill would
         os._exit(137)
     if rank == 0:
-        _write_latest(folder, tag)
+        write_latest(folder, tag)
         _prune(folder, cfg.checkpoint.keep_last, latest=tag)
     dist.barrier()
     return folder / tag
@@ -108,16 +99,11 @@ def _check_data_signature(cfg: Config, client_state: dict, where: Path) -> None:
 def _prune(folder: Path, keep_last: int, latest: str) -> None:
     """Keep the newest `keep_last` complete checkpoints; a newer, incomplete folder left by a crash
     is never counted (and is overwritten when training reaches its step again)."""
-    newest = _step_of(latest)
-    tags = sorted((p for p in folder.iterdir() if p.is_dir() and _step_of(p.name) is not None
-                   and _step_of(p.name) <= newest), key=lambda p: _step_of(p.name))
+    newest = step_of(latest)
+    tags = sorted((p for p in folder.iterdir() if p.is_dir() and step_of(p.name) is not None
+                   and step_of(p.name) <= newest), key=lambda p: step_of(p.name))
     for old in tags[:-keep_last] if keep_last > 0 else []:
         shutil.rmtree(old, ignore_errors=True)
-
-
-def _step_of(tag: str) -> int | None:
-    match = re.search(r"(?:^|-)step(\d+)$", tag)
-    return int(match.group(1)) if match else None
 
 
 def _rng_state() -> dict:

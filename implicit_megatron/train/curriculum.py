@@ -9,20 +9,27 @@ when the run's latest complete checkpoint is at or after the phase's last step.
 
 from __future__ import annotations
 
-import re
 import sys
 from pathlib import Path
 
 from implicit_megatron.config import Config, load_config, phase_bounds
-from implicit_megatron.train.handoff import read_latest
+from implicit_megatron.train.integrity import DamagedCheckpoint, check_tag, newest_complete, read_latest, step_of
 from implicit_megatron.utils.typed_yaml import ConfigError, apply_overrides, read_yaml_chain
 
 
 def finished_step(cfg: Config) -> int:
-    """The step of the run's latest complete checkpoint (0 when there is none)."""
-    tag = read_latest(Path(cfg.output_dir) / "checkpoints")
-    match = re.search(r"step(\d+)$", tag or "")
-    return int(match.group(1)) if match else 0
+    """The step of the run's latest complete checkpoint (0 when there is none). A damaged `latest`
+    or tag counts as the newest complete one before it, where the phase's launch will resume."""
+    folder = Path(cfg.output_dir) / "checkpoints"
+    try:
+        tag = read_latest(folder)
+        if tag is not None:
+            check_tag(folder / tag, crc=False)
+    except DamagedCheckpoint:
+        tag = None
+    if tag is None:
+        tag, _ = newest_complete(folder, crc=False)
+    return step_of(tag) if tag else 0
 
 
 OWN_LAUNCH_KEYS = ("zero_stage", "micro_batch_size", "launch")

@@ -29,10 +29,19 @@ from pathlib import Path
 import torch
 
 from implicit_megatron.config import Config
+from implicit_megatron.train.integrity import (
+    LATEST,
+    MODEL_STATES,
+    ZERO3_MODEL_STATES,
+    DamagedCheckpoint,
+    check_tag,
+    fallback_hint,
+    newest_complete,
+    read_latest,
+    step_of,
+    tags_by_step,
+)
 
-LATEST = "latest"
-MODEL_STATES = "mp_rank_00_model_states.pt"  # ZeRO 0-2; ZeRO-3 writes one per rank:
-ZERO3_MODEL_STATES = "zero_pp_rank_0_mp_rank_00_model_states.pt"
 UNIVERSAL = "universal"  # the sub-folder of a tag that holds its universal conversion
 PRETRAINED_WEIGHTS = "model.safetensors"  # a folder written by tools/convert_checkpoint.py export/import
 
@@ -64,11 +73,6 @@ class Source:
         return self.folder / self.tag
 
 
-def read_latest(folder: Path) -> str | None:
-    path = folder / LATEST
-    return path.read_text().strip() if path.is_file() else None
-
-
 def phase_of(tag: str) -> str | None:
     match = re.match(r"(.+)-step\d+$", tag)
     return match.group(1) if match else None
@@ -98,10 +102,60 @@ def saved_layout(path: Path) -> Layout:
     return Layout(int(saved.get("dp_world_size", 1)), int(d["zero_stage"]), d["precision"])
 
 
-def find_source(cfg: Config, world_size: int) -> Source | None:
-    """The checkpoint this launch starts from and how to load it; None for a fresh start."""
+def resume_tag(cfg: Config, log) -> str | None:
+    """The complete tag of this run's own checkpoints to start from (None: there are none).
+
+    `latest` names it. When `latest` is missing or unreadable while tag folders exist, or names a
+    tag that is incomplete or corrupt, the newest complete tag is taken instead, with a warning
+    naming the damaged file, and `latest` is rewritten to name it (checkpoint.on_damaged=fail
+    refuses instead). Never a fresh start over existing checkpoints. Run by rank 0 only: it reads
+    every file of the tag it returns.
+    """
     own = Path(cfg.output_dir) / "checkpoints"
-    tag = read_latest(own)
+    try:
+        tag, problem = read_latest(own), None
+    except DamagedCheckpoint as err:
+        tag, problem = None, err
+    if tag is not None:
+        try:
+            check_tag(own / tag)
+            return tag
+        except DamagedCheckpoint as err:
+            problem = err
+    if problem is None and not tags_by_step(own):
+        return None  # a new run
+    if problem is None:
+        problem = DamagedCheckpoint(own / LATEST, "is missing although checkpoint folders exist")
+    if cfg.checkpoint.on_damaged == "fail":
+        raise DamagedCheckpoint(problem.file, f"{problem.problem}; {fallback_hint(own, tag or '')}; "
+                                              "checkpoint.on_damaged=fallback would resume from it")
+    chosen, damaged = newest_complete(own, before=step_of(tag) if tag else None)
+    if chosen is None:
+        found = "; ".join(str(d) for d in [problem, *damaged][:3])
+        raise DamagedCheckpoint(problem.file, f"{problem.problem}, and no complete checkpoint is in {own} "
+                                              f"({found}); remove them or choose another train.output_dir "
+                                              "to start afresh")
+    for err in [problem, *damaged]:
+        log(f"warning: {err}")
+    log(f"warning: resuming from {own / chosen}, the newest complete checkpoint; `latest` now names it")
+    write_latest(own, chosen)
+    return chosen
+
+
+def write_latest(folder: Path, tag: str) -> None:
+    """Point `latest` at `tag` atomically (write, fsync, rename)."""
+    tmp = folder / f".{LATEST}.tmp"
+    with open(tmp, "w") as handle:
+        handle.write(tag + "\n")
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(tmp, folder / LATEST)
+
+
+def find_source(cfg: Config, world_size: int, tag: str | None) -> Source | None:
+    """The checkpoint this launch starts from and how to load it; None for a fresh start.
+    `tag` is this run's own tag to resume from (`resume_tag`, chosen by rank 0)."""
+    own = Path(cfg.output_dir) / "checkpoints"
     c = cfg.checkpoint
     if tag is not None:
         run_phase = cfg.curriculum.run_phase
@@ -135,11 +189,21 @@ def _named_checkpoint(path: Path) -> tuple[Path, str]:
     """checkpoint.load names a checkpoints/ folder (its `latest` is used) or one tag folder in it."""
     tag = read_latest(path)
     if tag is not None:
-        return path, tag
+        return path, _complete(path, tag)
     if read_latest(path.parent) is not None and any((path / n).is_file() for n in (MODEL_STATES, ZERO3_MODEL_STATES)):
-        return path.parent, path.name
+        return path.parent, _complete(path.parent, path.name)
     raise FileNotFoundError(f"checkpoint.load={path}: not a checkpoints folder (no '{LATEST}' file), a tag folder "
                             f"of one, or a model folder ({PRETRAINED_WEIGHTS})")
+
+
+def _complete(folder: Path, tag: str) -> str:
+    """`tag`, when every file of it reads back; otherwise an error naming the damaged file and the
+    checkpoint to use instead."""
+    try:
+        check_tag(folder / tag)
+    except DamagedCheckpoint as err:
+        raise DamagedCheckpoint(err.file, f"{err.problem}; {fallback_hint(folder, tag)}") from None
+    return tag
 
 
 def to_universal(path: Path, workers: int = 2) -> Path:

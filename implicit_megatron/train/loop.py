@@ -112,7 +112,16 @@ class Trainer:
         Runs before the engine exists: a universal checkpoint must be named in DeepSpeed's config,
         and weights-only starts fill the model that the engine then partitions.
         """
-        source = handoff.find_source(self.cfg, self.world)
+        chosen = [None, None]  # rank 0 reads the checkpoint files once; every rank starts from its choice
+        if self.rank == 0:
+            try:
+                chosen[0] = handoff.resume_tag(self.cfg, self.log)
+            except (handoff.DamagedCheckpoint, OSError) as err:
+                chosen[1] = str(err)
+        dist.broadcast_object_list(chosen, src=0)
+        if chosen[1]:
+            raise SystemExit(f"checkpoint error: {chosen[1]}")
+        source = handoff.find_source(self.cfg, self.world, chosen[0])
         if source is None:
             return None
         self.log(f"starting from {source.path} ({'resume' if source.resuming else 'handoff/load'}, {source.how})")

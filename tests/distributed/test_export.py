@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import subprocess
 import sys
 
@@ -10,6 +11,7 @@ import torch
 from safetensors.torch import load_file
 from support.processes import ROOT, run_torchrun
 from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers.utils import logging as transformers_logging
 
 from data_pipeline.tokenizer import load_tokenizer
 from implicit_megatron import build_model, from_pretrained
@@ -32,7 +34,8 @@ def convert(*args) -> subprocess.CompletedProcess:
 
 @pytest.mark.distributed
 @pytest.mark.parametrize("stage", [0, 2, 3])
-def test_export_gives_the_training_models_logits_in_ours_and_in_transformers(stage, shakespeare_shards, tmp_path):
+def test_export_gives_the_training_models_logits_in_ours_and_in_transformers(stage, shakespeare_shards, tmp_path,
+                                                                           caplog):
     run, out = tmp_path / "run", tmp_path / "export"
     train(shakespeare_shards, run, stage)
     converted = convert("export", run / "checkpoints", out)
@@ -67,6 +70,14 @@ def test_export_gives_the_training_models_logits_in_ours_and_in_transformers(sta
     tokenizer = AutoTokenizer.from_pretrained(out)  # the run's tokenizer, as transformers reads it
     assert tokenizer("ROMEO: what?")["input_ids"] == load_tokenizer(cfg.data.tokenizer).encode("ROMEO: what?")
     assert tokenizer.eos_token == "<|endoftext|>"
+    long_text = " ".join(["ROMEO: what?"] * (cfg.data.seq_len * 4))  # well past 4x the training length
+    transformers_logging.enable_propagation()
+    try:
+        with caplog.at_level(logging.WARNING, logger="transformers"):
+            assert len(tokenizer(long_text)["input_ids"]) > 4 * cfg.data.seq_len
+    finally:
+        transformers_logging.disable_propagation()
+    assert not [r for r in caplog.records if "sequence length" in r.getMessage()], caplog.text
 
     if stage:  # DeepSpeed's own consolidation of the same checkpoint, weight norm folded the same way
         subprocess.run([sys.executable, str(run / "checkpoints" / "zero_to_fp32.py"), str(run / "checkpoints"),

@@ -13,7 +13,8 @@ import torch
 from implicit_megatron import build_model, load_config
 from implicit_megatron.builder import remove_weight_norm
 from implicit_megatron.train.curriculum import plan
-from implicit_megatron.train.handoff import find_source, load_weights
+from implicit_megatron.train.handoff import find_source, load_weights, resume_tag
+from implicit_megatron.train.integrity import DamagedCheckpoint
 from implicit_megatron.utils.typed_yaml import ConfigError
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -22,17 +23,26 @@ CURRICULUM = str(ROOT / "configs/tiny/mamba2-curriculum.yaml")
 
 
 def fake_checkpoint(out: Path, tag: str, world_size: int, zero_stage: int, precision: str = "fp32") -> None:
-    """A tag folder with the one file the decision reads (DeepSpeed's model-states file)."""
+    """A tag folder whose files are those a real one has; the decision reads the model-states file."""
     cfg = load_config(TINY, [f"distributed.zero_stage={zero_stage}", f"distributed.precision={precision}"])
     folder = out / "checkpoints" / tag
     folder.mkdir(parents=True)
-    name = "zero_pp_rank_0_mp_rank_00_model_states.pt" if zero_stage == 3 else "mp_rank_00_model_states.pt"
-    torch.save({"dp_world_size": world_size, "config": cfg.to_dict()}, folder / name)
+    states = {"dp_world_size": world_size, "config": cfg.to_dict()}
+    for rank in range(world_size):
+        torch.save({}, folder / f"rng_rank{rank}.pt")
+        if zero_stage == 3:
+            torch.save(states, folder / f"zero_pp_rank_{rank}_mp_rank_00_model_states.pt")
+        if zero_stage or precision == "bf16":
+            prefix = "bf16_" if zero_stage == 0 else ""
+            torch.save({}, folder / f"{prefix}zero_pp_rank_{rank}_mp_rank_00_optim_states.pt")
+    if zero_stage != 3:
+        torch.save(states, folder / "mp_rank_00_model_states.pt")
     (out / "checkpoints" / "latest").write_text(tag + "\n")
 
 
 def source_for(out: Path, world: int, *overrides: str):
-    return find_source(load_config(TINY, [f"train.output_dir={out}", *overrides]), world)
+    cfg = load_config(TINY, [f"train.output_dir={out}", *overrides])
+    return find_source(cfg, world, resume_tag(cfg, print))
 
 
 @pytest.mark.parametrize(("saved", "now", "how"), [
@@ -69,6 +79,27 @@ def test_handoff_versus_resume(tmp_path):
     assert source_for(tmp_path / "elsewhere", 2) is None
 
 
+def test_resume_never_starts_over_existing_checkpoints(tmp_path):
+    cfg = load_config(TINY, [f"train.output_dir={tmp_path}"])
+    fake_checkpoint(tmp_path, "bounded-step4", 1, 0)
+    fake_checkpoint(tmp_path, "bounded-step8", 1, 0)
+    (tmp_path / "checkpoints" / "bounded-step10").mkdir()  # a kill mid-save
+    latest = tmp_path / "checkpoints" / "latest"
+    latest.unlink()
+    said = []
+    assert resume_tag(cfg, said.append) == "bounded-step8"
+    assert "latest: is missing although checkpoint folders exist" in said[0]
+    assert latest.read_text().strip() == "bounded-step8"  # what the curriculum launcher and the next resume read
+    latest.unlink()
+    strict = load_config(TINY, [f"train.output_dir={tmp_path}", "checkpoint.on_damaged=fail"])
+    with pytest.raises(DamagedCheckpoint, match="previous complete checkpoint is .*bounded-step8"):
+        resume_tag(strict, said.append)
+    for tag in ("bounded-step4", "bounded-step8"):
+        (tmp_path / "checkpoints" / tag / "rng_rank0.pt").unlink()
+    with pytest.raises(DamagedCheckpoint, match="no complete checkpoint is in .*choose another train.output_dir"):
+        resume_tag(cfg, said.append)
+
+
 def test_checkpoint_load_names_what_it_accepts(tmp_path):
     with pytest.raises(FileNotFoundError, match="not a checkpoints folder"):
         source_for(tmp_path / "run", 1, f"checkpoint.load={tmp_path}")
@@ -92,7 +123,9 @@ def test_curriculum_plan_marks_finished_phases(tmp_path):
     assert plan(CURRICULUM, overrides) == [("bounded", "todo", "-", "2", "-"), ("free", "todo", "-", "1", "-")]
     fake_checkpoint(tmp_path, "bounded-step8", 2, 2)
     assert [row[1] for row in plan(CURRICULUM, overrides)] == ["done", "todo"]
-    (tmp_path / "checkpoints" / "latest").write_text("free-step10\n")
+    (tmp_path / "checkpoints" / "latest").write_text("free-step10\n")  # names a tag that is not there
+    assert [row[1] for row in plan(CURRICULUM, overrides)] == ["done", "todo"]
+    fake_checkpoint(tmp_path, "free-step10", 1, 3)
     assert [row[1] for row in plan(CURRICULUM, overrides)] == ["done", "done"]
 
 

@@ -1,0 +1,72 @@
+"""A damaged checkpoint is named, export refuses it, and a resume falls back to the newest complete one."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from support.processes import ROOT, run_torchrun
+
+TINY = "configs/tiny/mamba2-implicit.yaml"
+
+
+def losses(out: Path) -> dict[int, float]:
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    return {row["step"]: row["train/loss"] for row in rows if "train/loss" in row}
+
+
+def export(checkpoints: Path, out: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "tools/convert_checkpoint.py", "export", str(checkpoints), str(out), *args],
+                          cwd=ROOT, capture_output=True, text=True)
+
+
+@pytest.mark.distributed
+def test_damaged_checkpoints_are_named_and_resume_falls_back(shakespeare_shards, tmp_path):
+    run = tmp_path / "run"
+    args = [f"data.prefixes=[{shakespeare_shards}]", "data.source=null", f"train.output_dir={run}",
+            "train.log_interval=1", "train.steps=8", "checkpoint.interval=4", "checkpoint.keep_last=5",
+            "train.eval_interval=100", "tracking.enabled=false", "distributed.zero_stage=1"]
+    first = run_torchrun("-m", "implicit_megatron.train", TINY, *args)
+    assert first.returncode == 0, first.stdout[-5000:]
+    straight = losses(run)
+    checkpoints = run / "checkpoints"
+    assert (checkpoints / "latest").read_text().strip() == "free-step8"
+
+    # Bytes changed on disk: export refuses by name and names the checkpoint to use instead.
+    flipped = tmp_path / "flipped"
+    shutil.copytree(checkpoints, flipped)
+    states = flipped / "free-step8" / "mp_rank_00_model_states.pt"
+    data = bytearray(states.read_bytes())
+    middle = len(data) // 2
+    data[middle:middle + 4096] = bytes(b ^ 0x5A for b in data[middle:middle + 4096])
+    states.write_bytes(bytes(data))
+    refused = export(flipped, tmp_path / "export")
+    assert refused.returncode == 2
+    assert f"{states}: does not read back" in refused.stderr and "incomplete or corrupt" in refused.stderr
+    assert "previous complete checkpoint is" in refused.stderr and "--tag bounded-step6" in refused.stderr
+    assert not (tmp_path / "export").exists()
+    assert export(flipped, tmp_path / "export", "--tag", "bounded-step6").returncode == 0
+
+    # The newest checkpoint cut short and `latest` garbled: resume from the newest complete one.
+    states = checkpoints / "free-step8" / "mp_rank_00_model_states.pt"
+    states.write_bytes(states.read_bytes()[:1000])
+    (checkpoints / "latest").write_bytes(b"\x00\xffstray")
+    refused = run_torchrun("-m", "implicit_megatron.train", TINY, *args, "checkpoint.on_damaged=fail", nproc=1)
+    assert refused.returncode != 0 and "checkpoint error" in refused.stdout
+    assert "latest: does not hold a checkpoint tag name" in refused.stdout
+
+    resumed = run_torchrun("-m", "implicit_megatron.train", TINY, *args)
+    assert resumed.returncode == 0, resumed.stdout[-5000:]
+    assert f"warning: {checkpoints / 'latest'}: does not hold a checkpoint tag name" in resumed.stdout
+    assert f"warning: {states}: does not read back" in resumed.stdout
+    assert f"resuming from {checkpoints / 'bounded-step6'}" in resumed.stdout
+    again = losses(run)
+    for step in (7, 8):  # the fallback repeats steps 7 and 8 exactly
+        assert abs(again[step] - straight[step]) <= 1e-6, (step, again[step], straight[step])
+    assert (checkpoints / "latest").read_text().strip() == "free-step8"
+    assert export(checkpoints, tmp_path / "export-after").returncode == 0
+

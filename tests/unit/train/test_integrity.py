@@ -1,0 +1,76 @@
+"""A checkpoint tag is complete only when every rank's files are there and read back intact."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from implicit_megatron import load_config
+from implicit_megatron.train.integrity import (
+    DamagedCheckpoint,
+    check_tag,
+    fallback_hint,
+    newest_complete,
+    read_latest,
+)
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+def write_tag(folder: Path, tag: str, world: int = 2, stage: int = 1) -> Path:
+    cfg = load_config(ROOT / "configs/tiny/mamba2-implicit.yaml", [f"distributed.zero_stage={stage}"])
+    path = folder / tag
+    path.mkdir(parents=True)
+    torch.save({"dp_world_size": world, "config": cfg.to_dict(), "module": {"w": torch.randn(4096)}},
+               path / "mp_rank_00_model_states.pt")
+    for rank in range(world):
+        torch.save({"torch": torch.get_rng_state()}, path / f"rng_rank{rank}.pt")
+        torch.save({"state": torch.randn(2048)}, path / f"zero_pp_rank_{rank}_mp_rank_00_optim_states.pt")
+    (folder / "latest").write_text(tag + "\n")
+    return path
+
+
+def test_a_complete_tag_passes_and_every_kind_of_damage_is_named(tmp_path):
+    tag = write_tag(tmp_path, "bounded-step4")
+    check_tag(tag)
+    states = tag / "mp_rank_00_model_states.pt"
+    data = states.read_bytes()
+
+    states.write_bytes(data[: len(data) // 2])  # cut short: a full disk, an interrupted copy
+    with pytest.raises(DamagedCheckpoint, match="mp_rank_00_model_states.pt: does not read back") as info:
+        check_tag(tag)
+    assert "incomplete or corrupt" in str(info.value) and info.value.file == states
+
+    middle = len(data) // 2
+    states.write_bytes(data[:middle] + bytes(b ^ 0xFF for b in data[middle:middle + 64]) + data[middle + 64:])
+    with pytest.raises(DamagedCheckpoint, match="CRC"):
+        check_tag(tag)
+    check_tag(tag, crc=False)  # the structure alone is intact: only the checksum sees flipped bytes
+
+    states.write_bytes(data)
+    (tag / "zero_pp_rank_1_mp_rank_00_optim_states.pt").unlink()  # a rank's shard never written
+    with pytest.raises(DamagedCheckpoint, match="zero_pp_rank_1_mp_rank_00_optim_states.pt: is missing"):
+        check_tag(tag)
+
+
+def test_the_newest_complete_tag_and_the_hint_name_the_previous_one(tmp_path):
+    write_tag(tmp_path, "bounded-step4")
+    newest = write_tag(tmp_path, "free-step10")
+    write_tag(tmp_path, "bounded-step8")
+    (tmp_path / "free-step12").mkdir()  # a kill mid-save left a partial folder
+    assert read_latest(tmp_path) == "bounded-step8"
+    (newest / "rng_rank0.pt").write_bytes(b"")
+    tag, damaged = newest_complete(tmp_path)
+    assert tag == "bounded-step8" and [d.file.parent.name for d in damaged] == ["free-step12", "free-step10"]
+    assert "previous complete checkpoint is" in fallback_hint(tmp_path, "free-step10")
+    assert fallback_hint(tmp_path, "free-step10").endswith("(--tag bounded-step8)")
+    assert "no complete checkpoint older than bounded-step4" in fallback_hint(tmp_path, "bounded-step4")
+
+
+def test_a_latest_with_stray_bytes_is_refused_by_name(tmp_path):
+    assert read_latest(tmp_path) is None
+    (tmp_path / "latest").write_bytes(b"\xff\xfe\x00garbage")
+    with pytest.raises(DamagedCheckpoint, match="latest: does not hold a checkpoint tag name"):
+        read_latest(tmp_path)
