@@ -2,10 +2,10 @@
 
 A launch starts from (1) its own `latest` checkpoint: a *resume* when that checkpoint belongs to
 the phase being run, a *phase handoff* when it ended an earlier phase (`curriculum.run_phase`);
-or (2) `checkpoint.load`, another run's checkpoint. A resume restores everything; a handoff or a
-load restores the weights and, as checkpoint.load_optimizer / load_data_state say, the optimizer
-state and the data position. The step count, and with it the LR schedule, always continues
-across a handoff.
+or (2) `checkpoint.load`, another run's checkpoint. A resume restores everything (the optimizer
+state unless checkpoint.load_optimizer=false); a handoff or a load restores the weights and, as
+checkpoint.load_optimizer / load_data_state say, the optimizer state and the data position. The
+step count, and with it the LR schedule, always continues across a handoff.
 
 The layout (data-parallel size, ZeRO stage, precision) may differ from the one that saved:
 - same layout, or plain optimizers on both sides (ZeRO-0 in fp32/fp16, whose state is whole):
@@ -160,8 +160,9 @@ def find_source(cfg: Config, world_size: int, tag: str | None) -> Source | None:
     if tag is not None:
         run_phase = cfg.curriculum.run_phase
         resuming = run_phase is None or phase_of(tag) in (run_phase, None)
-        source = Source(own, tag, resuming, saved_layout(own / tag), resuming or c.load_optimizer,
-                        resuming or c.load_data_state)
+        # A resume restores the data position always, the optimizer state unless load_optimizer=false
+        # (a fresh optimizer: the way to resume under a layout its state cannot convert to).
+        source = Source(own, tag, resuming, saved_layout(own / tag), c.load_optimizer, resuming or c.load_data_state)
     elif c.load and (Path(c.load) / PRETRAINED_WEIGHTS).is_file():
         return Source(Path(c.load), "", False, None, False, False, how="pretrained")
     elif c.load:

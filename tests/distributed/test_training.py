@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 import signal
 import subprocess
 import sys
@@ -154,6 +155,28 @@ def test_resume_with_another_data_order_is_refused(shakespeare_shards, tmp_path)
     forced = run_torchrun("-m", "implicit_megatron.train", TINY, *args, "train.steps=8",
                           "checkpoint.allow_data_change=true", nproc=1)
     assert forced.returncode == 0, forced.stdout[-3000:]
+
+
+@pytest.mark.distributed
+def test_resume_with_a_fresh_optimizer_follows_the_zero_stage_advice(shakespeare_shards, tmp_path):
+    """ZeRO-0 fp32 state does not convert to ZeRO-1; the error's advice, load_optimizer=false, resumes."""
+    args = overrides(shakespeare_shards, tmp_path, "train.steps=6", "checkpoint.interval=4", "tracking.enabled=false",
+                     "train.eval_interval=100", "checkpoint.keep_last=5")
+    assert run_torchrun("-m", "implicit_megatron.train", TINY, *args, nproc=1).returncode == 0
+    straight = {step: row["train/loss"] for step, row in records(tmp_path).items()}
+    checkpoints = tmp_path / "checkpoints"
+    for tag in ("bounded-step5", "free-step6"):
+        shutil.rmtree(checkpoints / tag)
+    (checkpoints / "latest").write_text("bounded-step4\n")
+    refused = run_torchrun("-m", "implicit_megatron.train", TINY, *args, "distributed.zero_stage=1", nproc=1)
+    assert refused.returncode != 0 and "checkpoint.load_optimizer=false" in refused.stdout
+    resumed = run_torchrun("-m", "implicit_megatron.train", TINY, *args, "distributed.zero_stage=1",
+                           "checkpoint.load_optimizer=false", nproc=1)
+    assert resumed.returncode == 0, resumed.stdout[-3000:]
+    assert "at step 4 (32 samples)" in resumed.stdout
+    again = {step: row["train/loss"] for step, row in records(tmp_path).items()}
+    assert abs(again[5] - straight[5]) <= 1e-6  # the weights and the data position were restored
+    assert abs(again[6] - straight[6]) > 1e-4  # step 5's update came from a fresh Adam state
 
 
 @pytest.mark.distributed

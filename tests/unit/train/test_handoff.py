@@ -67,6 +67,10 @@ def test_plain_to_partitioned_optimizer_needs_a_weights_only_start(tmp_path):
     source = source_for(tmp_path, 2, "distributed.zero_stage=2", "curriculum.run_phase=free",
                         "checkpoint.load_optimizer=false")
     assert source.how == "weights" and not source.resuming
+    # the advice holds for a resume too: weights, step and data position; the optimizer starts afresh
+    resume = source_for(tmp_path, 2, "distributed.zero_stage=2", "curriculum.run_phase=bounded",
+                        "checkpoint.load_optimizer=false")
+    assert resume.how == "weights" and resume.resuming and resume.load_data_state and not resume.load_optimizer
 
 
 def test_handoff_versus_resume(tmp_path):
@@ -75,7 +79,7 @@ def test_handoff_versus_resume(tmp_path):
                          "checkpoint.load_data_state=false")
     assert not handoff.resuming and handoff.load_optimizer and not handoff.load_data_state
     resume = source_for(tmp_path, 2, "distributed.zero_stage=2", "checkpoint.load_data_state=false")
-    assert resume.resuming and resume.load_data_state  # a resume restores everything, whatever the handoff says
+    assert resume.resuming and resume.load_data_state  # a resume restores the data position, whatever it says
     assert source_for(tmp_path / "elsewhere", 2) is None
 
 
