@@ -10,15 +10,12 @@ launch will load it, and printed as one YAML document per phase.
 
 from __future__ import annotations
 
-import argparse
 import math
 import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
-
-import yaml
 
 from implicit_megatron.utils.typed_yaml import (
     ConfigError,
@@ -477,35 +474,7 @@ def phase_bounds(cfg: Config) -> list[tuple[PhaseConfig, int, int]]:
 # --------------------------------------------------------------------------- CLI
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m implicit_megatron.config", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("config", nargs="?", help="the run's YAML file, e.g. configs/quickstart.yaml")
-    parser.add_argument("overrides", nargs="*", help="optional dotted overrides, e.g. train.micro_batch_size=4")
-    parser.add_argument("--world-size", type=int, default=None, help="data-parallel size to check batches for")
-    parser.add_argument("--no-file-checks", action="store_true", help="do not open the tokenizer")
-    args = parser.parse_args(argv)
-    if args.config is None:
-        parser.error("a config file is required, e.g. configs/quickstart.yaml (overrides are optional)")
-    from implicit_megatron.train.curriculum import needs_own_launches, phase_configs
-
-    try:
-        if needs_own_launches(args.config, args.overrides):
-            configs = phase_configs(args.config, args.overrides, world_size=args.world_size,
-                                    check_files=not args.no_file_checks)
-        else:
-            configs = [load_config(args.config, args.overrides, world_size=args.world_size,
-                                   check_files=not args.no_file_checks)]
-    except ConfigError as err:
-        print(f"config error: {err}", file=sys.stderr)
-        return 2
-    for i, cfg in enumerate(configs):
-        if cfg.curriculum.run_phase is not None and len(configs) > 1:
-            print(f"{'---' + chr(10) if i else ''}# phase {cfg.curriculum.run_phase!r}, as launch/curriculum.sh "
-                  f"launches it (curriculum.run_phase={cfg.curriculum.run_phase})")
-        yaml.safe_dump(cfg.to_dict(), sys.stdout, sort_keys=False)
-    return 0
-
-
 if __name__ == "__main__":
+    from implicit_megatron.config_cli import main
+
     sys.exit(main())

@@ -10,6 +10,10 @@
 #   mapped): runs this rank directly, without set-up (run scripts/setup.sh once beforehand).
 # Other settings: LAUNCHER_ARGS (extra launcher flags), OMP_NUM_THREADS (default: cores / processes),
 #   PYTHON (the interpreter; default: .venv, set up on first use, or an installed package's python).
+# Ports: one node without MASTER_PORT takes a free port (two runs on one machine do not collide);
+#   several nodes use MASTER_PORT or 29500 on every node.
+# Preemption: SIGTERM to this script (or to the whole job) makes the ranks save a checkpoint and
+#   stop; the script then exits 0, as after a finished run. Anything else exits non-zero.
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$root"
@@ -67,11 +71,35 @@ else
 fi
 
 # Refuse a bad config here, before any process starts.
-"$PYTHON" -m implicit_megatron.config "$config" "$@" --world-size "$world" > /dev/null
+outdir="$("$PYTHON" -m implicit_megatron.config "$config" "$@" --world-size "$world" --get output_dir)"
 
 cores="$(nproc 2>/dev/null || echo 1)"
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-$(( cores / per_node > 0 ? cores / per_node : 1 ))}"
-port="${MASTER_PORT:-29500}"
+if [ -z "${MASTER_PORT:-}" ] && [ "${nodes:-0}" = 1 ]; then
+  port="$("$PYTHON" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')"
+else
+  port="${MASTER_PORT:-29500}"
+fi
+
+# The launcher runs as a child of this script. SIGTERM here writes the stop file the ranks watch
+# (they save and exit 0); when the launcher itself was signalled too and exits non-zero, the ranks'
+# preempted.json says the stop was graceful.
+launch() {
+  mkdir -p "$outdir"
+  rm -f "$outdir/preempted.json" "$outdir/stop-requested"
+  "$@" &
+  child=$!
+  trap 'touch "$outdir/stop-requested"' TERM
+  while :; do
+    set +e; wait "$child"; rc=$?; set -e
+    kill -0 "$child" 2>/dev/null || break  # a wait cut short by the trap: the launcher still runs
+  done
+  if [ "$rc" -ne 0 ] && [ -f "$outdir/preempted.json" ]; then
+    echo "pretrain.sh: stopped early with a checkpoint ($(cat "$outdir/preempted.json")); launch again to resume" >&2
+    rc=0
+  fi
+  exit "$rc"
+}
 
 if [ "$gpus" -gt 0 ]; then
   # --no_local_rank: the rank reads LOCAL_RANK from the environment, its arguments stay CONFIG [overrides]
@@ -84,7 +112,7 @@ if [ "$gpus" -gt 0 ]; then
   launcher+=(${LAUNCHER_ARGS:-})
   deepspeed_bin="$(dirname "$PYTHON")/deepspeed"
   [ -x "$deepspeed_bin" ] && launcher[0]="$deepspeed_bin"
-  exec "${launcher[@]}" --module implicit_megatron.train "$config" "$@"
+  launch "${launcher[@]}" --module implicit_megatron.train "$config" "$@"
 fi
 
 if [ "${nodes:-2}" -gt 1 ]; then
@@ -92,6 +120,6 @@ if [ "${nodes:-2}" -gt 1 ]; then
   exit 2
 fi
 # shellcheck disable=SC2086
-exec "$PYTHON" -m torch.distributed.run --nnodes 1 --nproc_per_node "$per_node" \
+launch "$PYTHON" -m torch.distributed.run --nnodes 1 --nproc_per_node "$per_node" \
   --master_addr "${MASTER_ADDR:-127.0.0.1}" --master_port "$port" ${LAUNCHER_ARGS:-} \
   -m implicit_megatron.train "$config" "$@"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import socket
 import sys
 
 from implicit_megatron.config import load_config
@@ -31,13 +32,19 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as err:
         print(f"config error: {err}", file=sys.stderr)
         return 2
-    if "RANK" not in os.environ:  # a plain `python -m` run: a world of one process
+    if "RANK" not in os.environ:  # a plain `python -m` run: a world of one process, on a free port
         os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
-                          MASTER_PORT=os.environ.get("MASTER_PORT", "29500"))
+                          MASTER_PORT=os.environ.get("MASTER_PORT") or str(_free_port()))
     from implicit_megatron.train.loop import Trainer
 
     Trainer(cfg).fit()
     return 0
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
 
 
 if __name__ == "__main__":

@@ -34,6 +34,8 @@ from implicit_megatron.train.tasks import build_task
 from implicit_megatron.train.tracking import Tracker
 
 NAN_LOSS_AT_STEP = "IMPLICIT_MEGATRON_NAN_LOSS_AT_STEP"  # a step (1-based) whose loss is made NaN
+STOP_FILE = "stop-requested"  # in the output folder: stop as SIGTERM would (written by launch/pretrain.sh)
+PREEMPTED_FILE = "preempted.json"  # in the output folder: this launch stopped early, with its checkpoint
 
 
 @dataclass
@@ -189,6 +191,10 @@ class Trainer:
 
     def fit(self) -> None:
         signal.signal(signal.SIGTERM, self._on_sigterm)
+        out = Path(self.cfg.output_dir)
+        if self.rank == 0:  # a stop asked of an earlier launch is not one asked of this one
+            for name in (STOP_FILE, PREEMPTED_FILE):
+                (out / name).unlink(missing_ok=True)
         self.resume()
         start, end = self.steps_of_this_launch()
         t = self.cfg.train
@@ -201,8 +207,10 @@ class Trainer:
                 if not p.nonfinite_steps and (p.step % t.log_interval == 0 or p.step == end):
                     self.report(metrics)
                 if self._agreed_stop():  # preemption: save at once, skip evaluation (grace periods are short)
-                    if not p.nonfinite_steps:
-                        self.save()
+                    tag = None if p.nonfinite_steps else self.save()
+                    if self.rank == 0:  # tells launch/pretrain.sh the stop was graceful (it exits 0)
+                        (out / STOP_FILE).unlink(missing_ok=True)
+                        (out / PREEMPTED_FILE).write_text(json.dumps({"step": p.step, "checkpoint": tag}) + "\n")
                     self.log(f"stopped by SIGTERM after step {p.step}")
                     status = "KILLED"
                     return
@@ -371,13 +379,14 @@ class Trainer:
         shown = "  ".join(f"{k.split('/')[-1]} {v:.4g}" for k, v in metrics.items())
         self.log(f"step {self.progress.step}/{self.cfg.train.steps}  {shown}")
 
-    def save(self) -> None:
+    def save(self) -> str:
         p = self.progress
         tag = f"{p.phase}-step{p.step}" if p.phase else f"step{p.step}"
         client = {"step": p.step, "consumed_samples": p.consumed_samples, "consumed_tokens": p.consumed_tokens,
                   "phase": p.phase, "data": self.batches.state_dict()}
         path = checkpoint.save(self.engine, self.cfg, tag, client)
         self.log(f"saved {path}")
+        return tag
 
     def log(self, message: str) -> None:
         if self.rank == 0:
@@ -405,7 +414,10 @@ class Trainer:
         self.stop_requested = True
 
     def _agreed_stop(self) -> bool:
-        """True on every rank when any rank was asked to stop (a checkpoint needs them all)."""
+        """True on every rank when any rank was asked to stop (a checkpoint needs them all): by
+        SIGTERM, or by launch/pretrain.sh, which writes STOP_FILE when it receives one itself."""
+        if self.rank == 0 and (Path(self.cfg.output_dir) / STOP_FILE).exists():
+            self.stop_requested = True
         (flag,) = reduce_over_ranks([1.0 if self.stop_requested else 0.0], self.engine.device, dist.ReduceOp.MAX)
         self.stop_requested = bool(flag)
         return self.stop_requested

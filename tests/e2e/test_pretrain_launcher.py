@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -38,3 +41,49 @@ def test_two_cpu_processes_train(shakespeare_shards, tmp_path):
     assert "done at step 6: validation perplexity" in result.stdout
     rows = [json.loads(line) for line in (Path(tmp_path) / "metrics.jsonl").read_text().splitlines()]
     assert rows[-1]["val/ppl"] > 1
+
+
+def start(out: Path, shards: str, *extra: str, steps: int = 300) -> subprocess.Popen:
+    """pretrain.sh with one CPU process and no MASTER_PORT, in a process group of its own."""
+    env = child_env(PYTHON=sys.executable, NPROC="1")
+    env.pop("MASTER_PORT", None)
+    args = ["configs/tiny/mamba2-implicit.yaml", f"data.prefixes=[{shards}]", "data.source=null",
+            f"train.output_dir={out}", f"train.steps={steps}", "train.log_interval=1", "checkpoint.interval=1000",
+            "train.eval_interval=1000", "tracking.enabled=false", *extra]
+    return subprocess.Popen(["bash", "launch/pretrain.sh", *args], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+
+
+def wait_for_steps(proc: subprocess.Popen, out: Path, steps: int = 2) -> None:
+    metrics, deadline = out / "metrics.jsonl", time.time() + 180
+    while not (metrics.is_file() and metrics.read_text().count("\n") >= steps):
+        assert proc.poll() is None, proc.stdout.read()[-3000:]
+        assert time.time() < deadline, "no training step in time"
+        time.sleep(0.1)
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize("whom", ["script", "group"])
+def test_sigterm_stops_with_a_checkpoint_and_exit_code_0(whom, shakespeare_shards, tmp_path):
+    """A requeue script sees 0 whether only pretrain.sh (docker stop) or the whole job (SLURM) got SIGTERM."""
+    proc = start(tmp_path, shakespeare_shards)
+    wait_for_steps(proc, tmp_path)
+    if whom == "script":
+        proc.send_signal(signal.SIGTERM)
+    else:
+        os.killpg(proc.pid, signal.SIGTERM)
+    out, _ = proc.communicate(timeout=180)
+    assert proc.returncode == 0, out[-3000:]
+    assert "stopped by SIGTERM after step" in out
+    stopped = json.loads((tmp_path / "preempted.json").read_text())
+    assert (tmp_path / "checkpoints" / "latest").read_text().strip() == stopped["checkpoint"]
+    assert stopped["checkpoint"] == f"bounded-step{stopped['step']}" and stopped["step"] < 300
+
+
+@pytest.mark.distributed
+def test_two_runs_on_one_machine_without_master_port_both_finish(shakespeare_shards, tmp_path):
+    runs = [start(tmp_path / name, shakespeare_shards, steps=6) for name in ("a", "b")]
+    for proc in runs:
+        out, _ = proc.communicate(timeout=300)
+        assert proc.returncode == 0, out[-3000:]
+        assert "EADDRINUSE" not in out

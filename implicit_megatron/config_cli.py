@@ -1,0 +1,55 @@
+"""The config checker's command line (`python -m implicit_megatron.config`; see that module)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import yaml
+
+from implicit_megatron import config as config_module
+from implicit_megatron.config import load_config
+from implicit_megatron.utils.typed_yaml import ConfigError
+
+CONFIG_DOC = config_module.__doc__
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m implicit_megatron.config", description=CONFIG_DOC,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("config", nargs="?", help="the run's YAML file, e.g. configs/quickstart.yaml")
+    parser.add_argument("overrides", nargs="*", help="optional dotted overrides, e.g. train.micro_batch_size=4")
+    parser.add_argument("--world-size", type=int, default=None, help="data-parallel size to check batches for")
+    parser.add_argument("--no-file-checks", action="store_true", help="do not open the tokenizer")
+    parser.add_argument("--get", metavar="KEY", help="print one resolved value (e.g. train.output_dir) instead")
+    args = parser.parse_args(argv)
+    if args.config is None:
+        parser.error("a config file is required, e.g. configs/quickstart.yaml (overrides are optional)")
+    from implicit_megatron.train.curriculum import needs_own_launches, phase_configs
+
+    try:
+        if needs_own_launches(args.config, args.overrides):
+            configs = phase_configs(args.config, args.overrides, world_size=args.world_size,
+                                    check_files=not args.no_file_checks)
+        else:
+            configs = [load_config(args.config, args.overrides, world_size=args.world_size,
+                                   check_files=not args.no_file_checks)]
+    except ConfigError as err:
+        print(f"config error: {err}", file=sys.stderr)
+        return 2
+    if args.get:
+        for cfg in configs:
+            value = cfg
+            for part in args.get.split("."):
+                if not hasattr(value, part):
+                    print(f"config error: no key {args.get!r}", file=sys.stderr)
+                    return 2
+                value = getattr(value, part)
+            print(value)
+        return 0
+    for i, cfg in enumerate(configs):
+        if cfg.curriculum.run_phase is not None and len(configs) > 1:
+            print(f"{'---' + chr(10) if i else ''}# phase {cfg.curriculum.run_phase!r}, as launch/curriculum.sh "
+                  f"launches it (curriculum.run_phase={cfg.curriculum.run_phase})")
+        yaml.safe_dump(cfg.to_dict(), sys.stdout, sort_keys=False)
+    return 0
