@@ -28,6 +28,8 @@ def build_model(cfg: Config, device=None, dtype=None) -> LanguageModel:
                                   cfg.model.init_std, device=device, dtype=dtype)
         if cfg.implicit.weight_norm:
             apply_weight_norm(backbone)
+            if injection is not None and cfg.implicit.weight_norm_injection:
+                apply_weight_norm(injection)
     core = ImplicitCore(backbone, settings, injection, cuda_graphs=cfg.implicit.cuda_graphs)
     return LanguageModel(cfg.model, core, device=device, dtype=dtype)
 

@@ -106,11 +106,16 @@ class ImplicitConfig:
     phantom_steps: int = 1
     damping: float = 0.8  # lambda of the phantom step z <- (1-l) z + l F(z)
     eval_factor: int = 4  # evaluation caps the passes at max_iter * eval_factor
+    eval_max_iter: int | None = None  # the evaluation cap itself, instead (released: eval_f_max_iter)
+    # released: the paper's evaluation (damped passes, one stop test over the whole batch, a last
+    # undamped pass; implicit.solver.released_solve); solver: the training solver's own passes
+    eval_rule: Literal["released", "solver"] = "released"
     # A bounded phase's evaluation stops at eval_tol (as the released (4+1) models are evaluated);
     # null evaluates it at its fixed depth max_iter. Free phases evaluate at their own tol.
     eval_tol: float | None = 0.05
     injection: bool = True  # the shared input-injection module
     weight_norm: bool = False
+    weight_norm_injection: bool = False  # weight norm on the injection's Linear too (released)
     gradient: Literal["phantom", "unrolled"] = "phantom"  # unrolled: backprop through all passes
     anderson: AndersonSettings = field(default_factory=AndersonSettings)
     # CUDA graphs of the passes (implicit.graphs): auto = where possible, else eager with one log line

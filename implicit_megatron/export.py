@@ -127,7 +127,7 @@ def from_pretrained(folder: str | Path, device=None, dtype=None) -> LanguageMode
         if not (folder / name).is_file():
             raise FileNotFoundError(f"{folder}: no {name}; export a checkpoint with tools/convert_checkpoint.py")
     cfg = read_folder_config(folder)
-    model = build_model(cfg)
+    model = build_model(cfg, dtype=dtype)  # built in the asked dtype, so that loading loses nothing
     state = load_file(str(folder / MODEL_FILE))
     model.load_state_dict({k: v.to(model.state_dict()[k].dtype) for k, v in state.items()}, strict=True)
     return model.to(device=device, dtype=dtype).eval()

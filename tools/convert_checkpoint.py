@@ -8,7 +8,10 @@
 `implicit_megatron.from_pretrained(OUT_DIR)` and, with trust_remote_code=True, transformers'
 AutoModelForCausalLM load. CKPT_DIR is a run's `checkpoints/` folder.
 `import` reads an explicit Mamba2 (transformers or mamba_ssm) or Llama (transformers) folder and
-writes the same kind of folder; with an implicit --base-config the injection starts fresh.
+writes the same kind of folder; with an implicit --base-config the injection starts fresh. It also
+reads the models released with the paper (implicit, "(4+1) pretrain" and explicit; model_type
+implicit_llama3 / implicit_mamba2), weight norm, solver settings and evaluation rule included.
+`export --format released` writes a folder the released code loads.
 `universal` converts one checkpoint (ZeRO 1-3, or bf16) to a DeepSpeed universal checkpoint in
 CKPT_DIR/TAG/universal. Training does this by itself when it starts at another world size or ZeRO
 stage; the command is for doing it ahead of time, or for other DeepSpeed programs.
@@ -17,6 +20,7 @@ stage; the command is for doing it ahead of time, or for other DeepSpeed program
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 
@@ -30,7 +34,11 @@ def main(argv: list[str] | None = None) -> int:
     exp.add_argument("ckpt_dir")
     exp.add_argument("out_dir")
     exp.add_argument("--tag", default=None, help="checkpoint tag (default: the one 'latest' names)")
-    exp.add_argument("--dtype", choices=("fp32", "bf16"), default="fp32")
+    exp.add_argument("--dtype", choices=("fp32", "bf16", "fp64"), default=None,
+                     help="default: fp32 (ours), the stored dtype (released)")
+    exp.add_argument("--format", choices=("ours", "released"), default="ours",
+                     help="released: the folder the paper's released code loads (CKPT_DIR may also be one of "
+                          "our model folders)")
     imp = commands.add_parser("import", help="weights of an explicit Mamba2 or Llama folder")
     imp.add_argument("src")
     imp.add_argument("out_dir")
@@ -40,15 +48,26 @@ def main(argv: list[str] | None = None) -> int:
     uni.add_argument("--tag", default=None, help="checkpoint tag (default: the one 'latest' names)")
     uni.add_argument("--workers", type=int, default=4, help="processes that extract the ZeRO shards")
     args = parser.parse_args(argv)
+    import torch
+
     from implicit_megatron.export import export
+    from implicit_megatron.import_released import export_released_from, import_released, is_released
     from implicit_megatron.import_weights import import_explicit
     from implicit_megatron.train.handoff import universal_of
 
     try:
-        if args.command == "export":
-            out = export(args.ckpt_dir, args.out_dir, tag=args.tag, dtype=args.dtype)
+        if args.command == "export" and args.format == "released":
+            dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp64": torch.float64}.get(args.dtype)
+            out = export_released_from(args.ckpt_dir, args.out_dir, tag=args.tag, dtype=dtype)
+        elif args.command == "export":
+            out = export(args.ckpt_dir, args.out_dir, tag=args.tag, dtype=args.dtype or "fp32")
         elif args.command == "import":
-            out = import_explicit(args.src, args.out_dir, args.base_config)
+            described = Path(args.src) / "config.json"
+            source = json.loads(described.read_text()) if described.is_file() else {}
+            if is_released(source):  # the paper's released implicit, (4+1) and explicit models
+                out = import_released(args.src, args.out_dir, args.base_config)
+            else:
+                out = import_explicit(args.src, args.out_dir, args.base_config)
         else:
             out = universal_of(args.ckpt_dir, args.tag, args.workers)
     except (FileNotFoundError, ValueError, RuntimeError) as err:

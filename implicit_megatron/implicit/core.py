@@ -23,7 +23,7 @@ from implicit_megatron.config import AndersonSettings, ImplicitConfig
 from implicit_megatron.implicit import graphs as graphs_lib
 from implicit_megatron.implicit.injection import Injection
 from implicit_megatron.implicit.phantom import phantom_steps
-from implicit_megatron.implicit.solver import SolverStats, relative_residual, solve, solve_with
+from implicit_megatron.implicit.solver import SolverStats, relative_residual, released_solve, solve, solve_with
 
 logger = logging.getLogger(__name__)
 
@@ -48,11 +48,13 @@ class SolverSettings:
     gradient: str = "phantom"  # or "unrolled"
     anderson: AndersonSettings = field(default_factory=AndersonSettings)
     eval_tol: float | None = None  # where a bounded phase's evaluation stops; None: at its fixed depth
+    eval_rule: str = "released"  # implicit.solver.released_solve at evaluation; "solver": the training solver
+    eval_max_iter: int | None = None  # the evaluation cap; None: max_iter x eval_factor
 
     @classmethod
     def from_config(cls, cfg: ImplicitConfig) -> SolverSettings:
         return cls(cfg.max_iter, cfg.tol, cfg.phantom_steps, cfg.damping, cfg.eval_factor, cfg.gradient,
-                   cfg.anderson, cfg.eval_tol)
+                   cfg.anderson, cfg.eval_tol, cfg.eval_rule, cfg.eval_max_iter)
 
     def stop_tol(self, training: bool) -> float | None:
         """The tolerance the solver stops at: the phase's own; a bounded phase's evaluation stops at
@@ -61,8 +63,13 @@ class SolverSettings:
 
     def cap(self, training: bool) -> int:
         """Passes allowed: max_iter in training; an evaluation that stops at a tolerance allows
-        eval_factor x max_iter, a fixed-depth evaluation exactly max_iter."""
-        return self.max_iter if training or self.stop_tol(False) is None else self.max_iter * self.eval_factor
+        eval_max_iter or eval_factor x max_iter, a fixed-depth evaluation exactly max_iter."""
+        if training or self.stop_tol(False) is None:
+            return self.max_iter
+        return self.eval_max_iter or self.max_iter * self.eval_factor
+
+    def released_eval(self, training: bool) -> bool:
+        return not training and self.eval_rule == "released"
 
 
 class ImplicitCore(nn.Module):
@@ -123,6 +130,10 @@ class ImplicitCore(nn.Module):
         if s.gradient == "unrolled" and torch.is_grad_enabled():
             return self._unrolled(f, z0)
         cap, tol = s.cap(self.training), s.stop_tol(self.training)
+        if s.released_eval(self.training):  # the paper's evaluation; eager (shapes rarely recur)
+            with parametrize.cached():
+                z, self.last_stats = released_solve(f, z0, cap, tol, s.damping, self.group)
+            return z
         if graphs:
             solver = self._solver_graphs(z0, inj, seq_idx)
             solver.start(inj, seq_idx)
@@ -259,6 +270,16 @@ class ImplicitCore(nn.Module):
             return z_t, state, SolverStats(1, torch.zeros(x_t.shape[0]), torch.ones(x_t.shape[0], dtype=torch.bool))
         s = self.settings
         cap, tol = s.cap(self.training), s.stop_tol(self.training)
+        if s.released_eval(self.training):  # the released per-token rule; the state of the last pass
+            committed = []
+
+            def f_t(z: torch.Tensor) -> torch.Tensor:
+                f_z, new_state = self.backbone.step(z, state, inj_t)
+                committed[:] = [new_state]
+                return f_z
+
+            z, stats = released_solve(f_t, torch.zeros_like(x_t), cap, tol, s.damping, over_ranks=False)
+            return z, committed[0], stats
         z, passes = torch.zeros_like(x_t), 0
         residual = torch.zeros(x_t.shape[0], device=x_t.device)
         candidate = state

@@ -4,6 +4,9 @@ The stop rule is the per-sample relative residual ||F(z) - z|| / ||F(z)|| over (
 its batch maximum is below `tol`. In a distributed run that maximum is all-reduced (MAX) across
 the data-parallel group, so every rank runs the same number of passes: ranks that disagree
 crash ZeRO-3 on gloo and hang it on NCCL. `tol=None` is a bounded phase: exactly `max_iter` passes.
+
+`released_solve` is the evaluation of the code released with the paper, whose numbers the
+paper's tables report: damped passes, one stop test over the whole batch, a last undamped pass.
 """
 
 from __future__ import annotations
@@ -108,6 +111,37 @@ def solve_with(step: Step, z0: torch.Tensor, max_iter: int, tol: float | None,
         f_z, residual = best
     converged = residual < tol if tol is not None else torch.ones_like(residual, dtype=torch.bool)
     return f_z, SolverStats(passes, residual, converged)
+
+
+@torch.no_grad()
+def released_solve(f: Function, z0: torch.Tensor, cap: int, tol: float | None, damping: float,
+                   group: dist.ProcessGroup | None = None, over_ranks: bool = True) -> tuple[torch.Tensor, SolverStats]:
+    """The released evaluation rule: from z = z0, up to cap - 1 times
+
+        z_next = F(z);  r = ||z_next - z|| / (1e-6 + ||z||);  z = (1 - damping) z + damping z_next;
+        stop if r < tol,
+
+    with the norms over the whole batch (the data-parallel group's, agreed over the ranks when
+    `over_ranks`), then one undamped pass: F(z) is returned. At most `cap` passes in all. The
+    statistics hold the same ratio per sample, for the metrics; the stop test is the batch's.
+    """
+    z, loops, residual = z0, 0, torch.zeros(z0.shape[0], device=z0.device)
+    dtype = torch.promote_types(z0.dtype, torch.float32)
+    while loops < cap - 1:
+        loops += 1
+        z_next = f(z)
+        diff_sq = torch.linalg.vector_norm((z_next - z).flatten(1), dim=1, dtype=dtype).square()
+        norm_sq = torch.linalg.vector_norm(z.flatten(1), dim=1, dtype=dtype).square()
+        residual = diff_sq.sqrt() / (1e-6 + norm_sq.sqrt())
+        z = (1 - damping) * z + damping * z_next
+        if tol is not None:
+            totals = torch.stack([diff_sq.sum(), norm_sq.sum()])
+            if over_ranks and dist.is_available() and dist.is_initialized() and dist.get_world_size(group) > 1:
+                dist.all_reduce(totals, group=group)
+            if (totals[0].sqrt() / (1e-6 + totals[1].sqrt())).item() < tol:
+                break
+    converged = residual < tol if tol is not None else torch.ones_like(residual, dtype=torch.bool)
+    return f(z), SolverStats(loops + 1, residual, converged)
 
 
 def _keep_lowest(best, f_z: torch.Tensor, residual: torch.Tensor):

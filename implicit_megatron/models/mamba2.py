@@ -111,7 +111,9 @@ class Mamba2(nn.Module):
             raise ValueError(f"A_init_range must be 0 < low <= high, got {A_init_range}")
         A = torch.empty(self.nheads, dtype=torch.float32, device=device).uniform_(*A_init_range)
         self.A_log = nn.Parameter(torch.log(A).to(dtype=dtype or torch.get_default_dtype()))
-        self.D = nn.Parameter(torch.ones(self.d_inner if D_has_hdim else self.nheads, device=device))
+        # float32 at least (as mamba_ssm keeps it under bf16), float64 in a float64 model
+        d_dtype = torch.promote_types(dtype or torch.get_default_dtype(), torch.float32)
+        self.D = nn.Parameter(torch.ones(self.d_inner if D_has_hdim else self.nheads, device=device, dtype=d_dtype))
         for p in (self.dt_bias, self.A_log, self.D):
             p._no_weight_decay = True
 

@@ -80,4 +80,5 @@ def write_checkpoint(folder: Path, model, cfg) -> None:
     (folder / TAG).mkdir(parents=True, exist_ok=True)
     torch.save({"module": model.state_dict(), "config": cfg.to_dict(), "dp_world_size": 1, "step": STEPS,
                 "phase": "free"}, folder / TAG / MODEL_STATES)
+    torch.save({"torch": torch.get_rng_state()}, folder / TAG / "rng_rank0.pt")  # as training writes it
     (folder / LATEST).write_text(TAG)

@@ -1,0 +1,128 @@
+"""Models released with the paper: imported, they compute what the released code computed (fixture
+made by that code: tests/fixtures/released/README.md); exported, they come back bit for bit."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+from safetensors.torch import load_file
+
+from implicit_megatron import from_pretrained
+from implicit_megatron.import_released import LLAMA_LAYER, MAMBA2_LAYER, _our_name, import_released
+
+ROOT = Path(__file__).resolve().parents[2]
+FIXTURES = ROOT / "tests/fixtures/released"
+ARCHS = ["llama", "mamba2"]
+
+
+@pytest.fixture(scope="module")
+def imported(tmp_path_factory) -> dict[str, Path]:
+    out = tmp_path_factory.mktemp("imported")
+    return {arch: import_released(FIXTURES / arch, out / arch) for arch in ARCHS}
+
+
+def reference(arch: str):
+    folder = FIXTURES / arch
+    meta = json.loads((folder / "meta.json").read_text())
+    return (load_file(str(folder / "inputs.safetensors"))["input_ids"], load_file(str(folder / "logits.safetensors")),
+            load_file(str(folder / "grads.safetensors")), meta)
+
+
+def relative(got: torch.Tensor, want: torch.Tensor) -> float:
+    return ((got - want).abs().max() / want.abs().max()).item()
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_imported_models_give_the_released_logits_in_eval_and_train_mode(arch, imported):
+    ids, logits, _, meta = reference(arch)
+    model = from_pretrained(imported[arch], dtype=torch.float64)
+    settings = model.core.settings  # the released 130m solver, carried over from deq_params
+    assert (settings.max_iter, settings.tol, settings.phantom_steps, settings.damping) == (32, 0.05, 4, 0.8)
+    assert settings.eval_rule == "released" and settings.cap(False) == 128
+    with torch.no_grad():
+        assert relative(model(ids), logits["eval"]) < 1e-4
+    assert model.core.last_stats.passes == meta["runs"]["eval"]["f_calls"]  # damped passes + the last one
+    model.train()
+    assert relative(model(ids).detach(), logits["train"]) < 1e-4
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_same_function_and_gradients_as_the_released_code_at_4p1(arch, imported):
+    ids, logits, grads, _ = reference(arch)
+    model = from_pretrained(imported[arch], dtype=torch.float64).train()
+    model.core.set_phase(max_iter=4, phantom_steps=1)  # the released "(4+1) pretrain" solver
+    out = model(ids)
+    assert relative(out.detach(), logits["train_4p1"]) < 1e-4
+    F.cross_entropy(out[:, :-1].reshape(-1, out.shape[-1]), ids[:, 1:].reshape(-1)).backward()
+    params = dict(model.named_parameters())
+    layers = LLAMA_LAYER if arch == "llama" else MAMBA2_LAYER
+    checked = 0
+    for key, want in grads.items():
+        run, name = key.split(":", 1)
+        if run != "train_4p1":
+            continue
+        ours = _our_name(name, layers)
+        ours = "embedding.weight" if ours == "lm_head.weight" else ours  # tied
+        assert relative(params[ours].grad, want) < 1e-4, name
+        checked += 1
+    assert checked >= 10
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_sequential_mode_follows_the_released_per_token_rule(arch, imported):
+    ids, logits, _, meta = reference(arch)
+    model = from_pretrained(imported[arch], dtype=torch.float64)
+    z, _, stats = model.core.forward_sequential(model.embedding(ids))
+    assert relative(model.logits(z), logits["sequential"]) < 1e-4
+    assert [s.passes for s in stats] == meta["runs"]["sequential"]["f_calls_per_token"]
+
+
+def convert(*args) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "tools/convert_checkpoint.py", *map(str, args)], cwd=ROOT,
+                          capture_output=True, text=True)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_export_released_then_import_is_bit_exact(arch, tmp_path):
+    ours, released, again = tmp_path / "ours", tmp_path / "released", tmp_path / "again"
+    for command in (("import", FIXTURES / arch, ours), ("export", ours, released, "--format", "released"),
+                    ("import", released, again)):
+        result = convert(*command)
+        assert result.returncode == 0, result.stderr[-3000:]
+    original = torch.load(FIXTURES / arch / "pytorch_model.bin", weights_only=True)
+    written = torch.load(released / "pytorch_model.bin", weights_only=True)
+    assert written.keys() == original.keys()
+    assert all(torch.equal(written[k], original[k]) for k in original)
+    first, second = load_file(str(ours / "model.safetensors")), load_file(str(again / "model.safetensors"))
+    assert first.keys() == second.keys() and all(torch.equal(first[k], second[k]) for k in first)
+    assert json.loads((ours / "config.json").read_text()) == json.loads((again / "config.json").read_text())
+
+
+def test_unmapped_settings_and_tensors_are_refused_by_name(tmp_path):
+    source = tmp_path / "src"
+    shutil.copytree(FIXTURES / "llama", source)
+    hf = json.loads((source / "config.json").read_text())
+    hf["deq_params"]["training"]["core"] = "indexing"
+    (source / "config.json").write_text(json.dumps(hf))
+    with pytest.raises(ValueError, match=r"deq_params.training.core='indexing'"):
+        import_released(source, tmp_path / "out")
+    hf["deq_params"]["training"]["core"] = "sliced"
+    hf["backbone_config"]["block_cfg"]["window"] = 8
+    (source / "config.json").write_text(json.dumps(hf))
+    with pytest.raises(ValueError, match=r"backbone_config.block_cfg.window=8: unknown key"):
+        import_released(source, tmp_path / "out")
+    del hf["backbone_config"]["block_cfg"]["window"]
+    (source / "config.json").write_text(json.dumps(hf))
+    weights = torch.load(source / "pytorch_model.bin", weights_only=True)
+    weights["backbone.layers.0.mixer.extra.weight"] = torch.zeros(2)
+    torch.save(weights, source / "pytorch_model.bin")
+    with pytest.raises(ValueError, match=r"'backbone.layers.0.mixer.extra.weight' has no place"):
+        import_released(source, tmp_path / "out")
+    assert not (tmp_path / "out").exists()
