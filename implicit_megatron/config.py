@@ -232,9 +232,10 @@ class TrainConfig:
     micro_batch_size: int = 8
     log_interval: int = 10
     eval_interval: int = 1000
-    eval_iters: int = 20
+    eval_samples: int = 160  # validation windows per evaluation, whatever the micro batch and world size
     seed: int = 1234
     max_nonfinite_in_row: int = 10
+    warn_unconverged_intervals: int = 5  # warn when no solve converged in this many log intervals (0: never)
     peak_tflops: float | None = None  # per device, for MFU; None: looked up from the GPU's name
     compile: bool = False  # torch.compile each backbone block (Backbone.compile_blocks)
 
@@ -371,7 +372,7 @@ def validate(cfg: Config, sources: dict[str, str] | None = None, world_size: int
     non_negative("schedule.warmup_steps", cfg.schedule.warmup_steps)
     non_negative("optimizer.weight_decay", cfg.optimizer.weight_decay)
     non_negative("optimizer.grad_clip", cfg.optimizer.grad_clip)
-    non_negative("train.eval_iters", t.eval_iters)
+    non_negative("train.eval_samples", t.eval_samples)
     positive("checkpoint.interval", cfg.checkpoint.interval)
     non_negative("checkpoint.keep_last", cfg.checkpoint.keep_last)
     if cfg.task.kind == "word_problem":

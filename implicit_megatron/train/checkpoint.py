@@ -1,9 +1,10 @@
 """DeepSpeed checkpoints with our client state, an atomic `latest`, and the last N kept.
 
 Layout: {output_dir}/checkpoints/{tag}/ (DeepSpeed's files + rng_rank{r}.pt) and
-{output_dir}/checkpoints/latest, a one-line file naming the newest *complete* tag. `latest` is
-replaced (write, fsync, rename) only after every rank has finished writing, so a kill while a
-checkpoint is being written leaves it on the previous complete one.
+{output_dir}/checkpoints/latest, a one-line file naming the newest *complete* tag. A tag is
+written as `.partial-{tag}` and renamed once every rank has finished; `latest` is replaced
+(write, fsync, rename) after that, so a kill while a checkpoint is written leaves `latest` on the
+previous complete one and no partial folder under a real name (the next start removes it).
 """
 
 from __future__ import annotations
@@ -19,10 +20,11 @@ import torch.distributed as dist
 
 from implicit_megatron.config import Config
 from implicit_megatron.train.handoff import UNIVERSAL, Source, read_client_state, write_latest
-from implicit_megatron.train.integrity import step_of
+from implicit_megatron.train.integrity import step_of, tags_by_step
 
 UNIVERSAL_INFO = "universal_checkpoint_info"
 CRASH_BEFORE_LATEST = "IMPLICIT_MEGATRON_CRASH_BEFORE_LATEST"  # a tag: exit after writing it, before `latest`
+PARTIAL = ".partial-"  # a tag is written under this prefix and renamed when every rank has finished
 
 
 def checkpoint_dir(cfg: Config) -> Path:
@@ -42,17 +44,31 @@ def save(engine, cfg: Config, tag: str, client_state: dict) -> Path:
     client_state = {**client_state, "config": cfg.to_dict(), "data_signature": data_signature(cfg),
                     # lets DeepSpeed's ds_to_universal convert it (pure data parallelism: no TP/PP patterns)
                     UNIVERSAL_INFO: {"universal_checkpoint_version": 0.4}}
-    engine.save_checkpoint(str(folder), tag=tag, client_state=client_state, save_latest=False)
-    rank = dist.get_rank()
-    torch.save(_rng_state(), folder / tag / f"rng_rank{rank}.pt")
+    rank, partial = dist.get_rank(), PARTIAL + tag
+    if rank == 0:
+        shutil.rmtree(folder / partial, ignore_errors=True)
+    dist.barrier()
+    engine.save_checkpoint(str(folder), tag=partial, client_state=client_state, save_latest=False)
+    torch.save(_rng_state(), folder / partial / f"rng_rank{rank}.pt")
     dist.barrier()
     if os.environ.get(CRASH_BEFORE_LATEST) == tag:  # fault injection for the tests: die as a kill would
         os._exit(137)
-    if rank == 0:
+    if rank == 0:  # every rank has written: the tag gets its real name, then `latest` names it
+        if (folder / tag).exists():  # an older copy of this step (e.g. damaged, left by a fallback)
+            shutil.rmtree(folder / tag)
+        os.replace(folder / partial, folder / tag)
         write_latest(folder, tag)
         _prune(folder, cfg.checkpoint.keep_last, latest=tag)
     dist.barrier()
     return folder / tag
+
+
+def remove_partial(cfg: Config, log) -> None:
+    """Remove the partial tag folders a kill during a save left (rank 0, before anything starts)."""
+    folder = checkpoint_dir(cfg)
+    for leftover in sorted(folder.glob(PARTIAL + "*")) if folder.is_dir() else []:
+        shutil.rmtree(leftover, ignore_errors=True)
+        log(f"removed {leftover}, a checkpoint whose save was interrupted")
 
 
 def load(engine, cfg: Config, source: Source) -> dict:
@@ -97,11 +113,10 @@ def _check_data_signature(cfg: Config, client_state: dict, where: Path) -> None:
 
 
 def _prune(folder: Path, keep_last: int, latest: str) -> None:
-    """Keep the newest `keep_last` complete checkpoints; a newer, incomplete folder left by a crash
-    is never counted (and is overwritten when training reaches its step again)."""
+    """Keep the newest `keep_last` checkpoints up to `latest` (a newer one, left behind by a fallback
+    from a damaged checkpoint, is replaced when training reaches its step again)."""
     newest = step_of(latest)
-    tags = sorted((p for p in folder.iterdir() if p.is_dir() and step_of(p.name) is not None
-                   and step_of(p.name) <= newest), key=lambda p: step_of(p.name))
+    tags = sorted((folder / t for t in tags_by_step(folder) if step_of(t) <= newest), key=lambda p: step_of(p.name))
     for old in tags[:-keep_last] if keep_last > 0 else []:
         shutil.rmtree(old, ignore_errors=True)
 

@@ -24,6 +24,6 @@ def train_batches(cfg: Config, dp_rank: int, dp_size: int, grad_accum: int) -> D
 
 
 def valid_dataset(cfg: Config):
-    """One epoch of the validation split; every evaluation reads its first train.eval_iters batches."""
+    """One epoch of the validation split; every evaluation reads its first train.eval_samples windows."""
     return build_packed_dataset(cfg.data.prefixes, cfg.data.weights, "valid", seq_len=cfg.data.seq_len,
                                 seed=cfg.data.seed, num_samples=None)

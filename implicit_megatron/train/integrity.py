@@ -105,7 +105,8 @@ def check_tag(tag_dir: Path, crc: bool = True) -> None:
 
 def tags_by_step(folder: Path) -> list[str]:
     """The tag folders of a checkpoints folder, newest step first."""
-    tags = [p.name for p in folder.iterdir() if p.is_dir() and step_of(p.name) is not None] if folder.is_dir() else []
+    tags = [p.name for p in folder.iterdir() if p.is_dir() and not p.name.startswith(".")
+            and step_of(p.name) is not None] if folder.is_dir() else []
     return sorted(tags, key=lambda t: step_of(t), reverse=True)
 
 

@@ -45,6 +45,8 @@ class Progress:
     consumed_tokens: int = 0
     phase: str | None = None
     nonfinite_steps: int = 0  # in a row; their updates are skipped
+    skipped_steps: int = 0  # non-finite steps of this launch, in all
+    unconverged_intervals: int = 0  # log intervals in a row in which no sample's solve converged
 
 
 def lm_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
@@ -116,6 +118,7 @@ class Trainer:
         """
         chosen = [None, None]  # rank 0 reads the checkpoint files once; every rank starts from its choice
         if self.rank == 0:
+            checkpoint.remove_partial(self.cfg, self.log)
             try:
                 chosen[0] = handoff.resume_tag(self.cfg, self.log)
             except (handoff.DamagedCheckpoint, OSError) as err:
@@ -199,6 +202,10 @@ class Trainer:
         start, end = self.steps_of_this_launch()
         t = self.cfg.train
         status = "FINISHED"
+        if start >= end:
+            self.log(f"already complete: step {start} of {end} (train.steps); nothing to train")
+            self.tracker.finish(status)
+            return
         try:
             for step in range(start, end):
                 self.apply_phase(step)
@@ -215,12 +222,11 @@ class Trainer:
                     status = "KILLED"
                     return
                 if p.nonfinite_steps:
-                    self.log(f"step {p.step}: non-finite loss ({p.nonfinite_steps} in a row)")
-                    self.tracker.log({"train/nonfinite_steps": p.nonfinite_steps}, p.step)
-                    if p.nonfinite_steps >= t.max_nonfinite_in_row:
-                        raise RuntimeError(f"{p.nonfinite_steps} non-finite losses in a row "
-                                           "(train.max_nonfinite_in_row); the last checkpoint before them is intact")
-                    continue  # no evaluation and, above all, no checkpoint of a diverged state
+                    self._nonfinite_step()
+                    if p.step < end:
+                        continue  # no evaluation and no checkpoint at a diverged step
+                    self.save()  # the last step: the weights are those of the last finite update
+                    break
                 if p.step % t.eval_interval == 0 or p.step == end:
                     self.report(self.evaluate())
                 phase_ends = self.phase_at(p.step) is not self.phase_at(p.step - 1)
@@ -272,6 +278,7 @@ class Trainer:
         loss = sum(losses) / len(losses)
         (finite,) = reduce_over_ranks([1.0 if math.isfinite(loss) else 0.0], self.engine.device, dist.ReduceOp.MIN)
         p.nonfinite_steps = 0 if finite else p.nonfinite_steps + 1
+        p.skipped_steps += 0 if finite else 1
         metrics = {"train/loss": loss, "train/lr": lr, "train/tokens_per_s": tokens / seconds,
                    "train/consumed_samples": p.consumed_samples}
         if correct:
@@ -353,14 +360,28 @@ class Trainer:
 
     # ---------------------------------------------------------------- outputs
 
+    def _nonfinite_step(self) -> None:
+        p, t = self.progress, self.cfg.train
+        self.log(f"step {p.step}: non-finite loss ({p.nonfinite_steps} in a row); its update is skipped")
+        self.tracker.log({"train/nonfinite_steps": p.nonfinite_steps}, p.step)
+        if p.nonfinite_steps >= t.max_nonfinite_in_row:
+            tag = handoff.read_latest(checkpoint.checkpoint_dir(self.cfg))
+            last = (f"the last checkpoint before them, {checkpoint.checkpoint_dir(self.cfg) / tag}, is intact"
+                    if tag else "there is no checkpoint of this run yet")
+            raise RuntimeError(f"{p.nonfinite_steps} non-finite losses in a row (train.max_nonfinite_in_row); "
+                               f"{last}")
+
     def summary(self) -> None:
-        ev = self.last_eval
+        ev, p = self.last_eval, self.progress
+        measure = ""
         if "val/loss" in ev:
             measure = (f"accuracy {ev['val/accuracy']:.4f}" if "val/accuracy" in ev else
                        f"perplexity {ev['val/ppl']:.2f}")
-            self.log(f"done at step {self.progress.step}: validation {measure} "
-                     f"(loss {ev['val/loss']:.4f}), {ev['val/solver_iterations']:.1f} solver passes per forward; "
-                     f"checkpoints in {checkpoint.checkpoint_dir(self.cfg)}")
+            measure = (f": validation {measure} (loss {ev['val/loss']:.4f}), {ev['val/solver_iterations']:.1f} "
+                       "solver passes per forward")
+        skipped = (f"; {p.skipped_steps} steps skipped with non-finite losses (their updates not applied)"
+                   if p.skipped_steps else "")
+        self.log(f"done at step {p.step}{measure}{skipped}; checkpoints in {checkpoint.checkpoint_dir(self.cfg)}")
 
     def report(self, metrics: dict[str, float]) -> None:
         if not metrics:
@@ -372,6 +393,7 @@ class Trainer:
             (reduced["solver/residual"],) = reduce_over_ranks([metrics["solver/residual"]], self.engine.device,
                                                               dist.ReduceOp.MAX)
         metrics = {**metrics, **reduced}
+        self._watch_convergence(metrics)
         self.tracker.log(metrics, self.progress.step)
         if self.rank == 0:  # a plain record next to the checkpoints, for scripts and tests
             with open(Path(self.cfg.output_dir) / "metrics.jsonl", "a") as handle:
@@ -387,6 +409,19 @@ class Trainer:
         path = checkpoint.save(self.engine, self.cfg, tag, client)
         self.log(f"saved {path}")
         return tag
+
+    def _watch_convergence(self, metrics: dict[str, float]) -> None:
+        """A warning when, in a phase with a tolerance, no solve has converged for
+        train.warn_unconverged_intervals log intervals in a row (every pass at its cap)."""
+        p, limit = self.progress, self.cfg.train.warn_unconverged_intervals
+        settings = self.engine.module.core.settings
+        if "solver/converged_frac" not in metrics or settings is None or settings.tol is None:
+            return
+        p.unconverged_intervals = p.unconverged_intervals + 1 if metrics["solver/converged_frac"] == 0 else 0
+        if limit and p.unconverged_intervals == limit:
+            self.log(f"warning: no solve has converged to tol {settings.tol} in {limit} log intervals in a row "
+                     f"(step {p.step}; every solve stops at max_iter {settings.max_iter}): the fixed point is not "
+                     "being found; see README, How an implicit model is evaluated")
 
     def log(self, message: str) -> None:
         if self.rank == 0:

@@ -18,6 +18,8 @@ from data_pipeline.packed import DistributedBatchIterator
 from implicit_megatron.config import Config
 from implicit_megatron.models.loss import IGNORE_INDEX
 
+PAD = -1  # a validation row that only keeps the ranks' forwards in step
+
 
 class LanguageModelTask:
     """Packed token windows of seq_len + 1: inputs are the first seq_len tokens, targets the last."""
@@ -38,17 +40,27 @@ class LanguageModelTask:
         return train_batches(self.cfg, rank, world, accum)
 
     def inputs_and_targets(self, batch: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return batch[:, :-1], batch[:, 1:]
+        """A row of PAD (validation padding) is an input of token 0 whose labels are ignored."""
+        return batch[:, :-1].clamp_min(0), batch[:, 1:].masked_fill(batch[:, 1:] == PAD, IGNORE_INDEX)
 
     def eval_sets(self, rank: int, world: int) -> dict[str, Iterator[torch.Tensor]]:
-        """The first train.eval_iters micro-batches of the validation split."""
+        """The first train.eval_samples windows of the validation split, split across ranks: the same
+        samples at every micro batch size and world size. Every rank runs as many forwards as the
+        others (a free phase agrees on each pass over the ranks): a rank with fewer samples pads
+        with rows whose labels are ignored."""
         from implicit_megatron.train.data import valid_dataset
 
         if not hasattr(self, "_valid"):
             self._valid = valid_dataset(self.cfg)
-        batches = DistributedBatchIterator(self._valid, self.cfg.train.micro_batch_size, rank, world)
-        count = min(self.cfg.train.eval_iters, len(batches))
-        return {"val": (next(batches) for _ in range(count))}
+        count = min(self.cfg.train.eval_samples, len(self._valid))
+        return {"val": self._rows(range(rank, count, world), -(-count // world))}
+
+    def _rows(self, indices: range, share: int) -> Iterator[torch.Tensor]:
+        rows = [np.asarray(self._valid[i], dtype=np.int64) for i in indices]
+        rows += [np.full(self.cfg.data.seq_len + 1, PAD, dtype=np.int64)] * (share - len(rows))
+        micro = self.cfg.train.micro_batch_size
+        for start in range(0, len(rows), micro):
+            yield torch.from_numpy(np.stack(rows[start:start + micro]))
 
 
 class WordProblemStream:

@@ -33,7 +33,7 @@ def convert(*args) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.distributed
-@pytest.mark.parametrize("stage", [0, 2, 3])
+@pytest.mark.parametrize("stage", [0, 3])  # a plain module, and ZeRO shards through zero_to_fp32
 def test_export_gives_the_training_models_logits_in_ours_and_in_transformers(stage, shakespeare_shards, tmp_path,
                                                                            caplog):
     run, out = tmp_path / "run", tmp_path / "export"

@@ -82,7 +82,7 @@ def test_sigterm_stops_with_a_checkpoint_and_exit_code_0(whom, shakespeare_shard
 
 @pytest.mark.distributed
 def test_two_runs_on_one_machine_without_master_port_both_finish(shakespeare_shards, tmp_path):
-    runs = [start(tmp_path / name, shakespeare_shards, steps=6) for name in ("a", "b")]
+    runs = [start(tmp_path / name, shakespeare_shards, "schedule.warmup_steps=1", steps=5) for name in ("a", "b")]
     for proc in runs:
         out, _ = proc.communicate(timeout=300)
         assert proc.returncode == 0, out[-3000:]

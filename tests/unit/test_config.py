@@ -213,7 +213,7 @@ def test_missing_required_key_and_impossible_values():
     for override, key in (("optimizer.lr=.nan", "optimizer.lr"), ("schedule.min_lr=-1.0", "schedule.min_lr"),
                           ("checkpoint.interval=0", "checkpoint.interval"), ("data.prefixes=[]", "data.prefixes"),
                           ("distributed.zero_stage=true", "distributed.zero_stage"),
-                          ("train.eval_iters=-1", "train.eval_iters")):
+                          ("train.eval_samples=-1", "train.eval_samples")):
         assert error_of(CONFIGS / "tiny/mamba2-implicit.yaml", [override]).key == key, override
     short = error_of(CONFIGS / "tiny/mamba2-implicit.yaml", ["train.steps=2", "schedule.warmup_steps=1"])
     assert short.key == "curriculum.phases[1].fraction" and "gets no step" in short.message

@@ -37,6 +37,7 @@ def test_matches_table6(size, arch, path):
     assert cfg.model.n_layers == (m_layers if arch == "mamba2" else l_layers)
     if arch == "llama":
         assert cfg.model.llama.n_heads == heads and width // heads == head_dim
+        assert cfg.model.llama.rope_theta == 500000.0  # as released
     else:
         assert (cfg.model.mamba2.d_state, cfg.model.mamba2.headdim, cfg.model.mamba2.expand) == (128, 64, 2)
     assert cfg.optimizer.lr == lr
@@ -46,6 +47,9 @@ def test_matches_table6(size, arch, path):
     assert cfg.schedule.min_lr == 1e-5
     assert cfg.model.tie_embeddings and cfg.model.vocab_size == 50277
     assert cfg.model.padded_vocab_size == (50288 if arch == "mamba2" else 50277)
+    if "implicit" in path.stem:  # weight norm on every Linear/Conv of F and on the injection, as released
+        assert cfg.implicit.weight_norm and cfg.implicit.weight_norm_injection
+        assert cfg.implicit.eval_rule == "released"
 
 
 @pytest.mark.parametrize("arch,cap,cooldown", [("mamba2", 24, 0.9), ("llama", 32, 0.8)])

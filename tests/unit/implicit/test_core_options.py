@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from implicit_megatron.builder import remove_weight_norm, weight_normed_layers
@@ -50,11 +51,13 @@ def test_explicit_core_is_one_pass_without_injection(arch, make_model):
         assert torch.equal(model(ids), model.logits(model.core.backbone(x)))
 
 
-def test_a_bounded_phase_evaluates_to_its_evaluation_tolerance(arch, make_model):
+@pytest.mark.parametrize("rule", ["released", "solver"])
+def test_a_bounded_phase_evaluates_to_its_evaluation_tolerance(arch, rule, make_model):
     """(4+1) trains exactly 4 passes; in evaluation it runs past 4 and stops at eval_tol, as the
     released (4+1) models are evaluated; eval_tol None is the fixed-depth view."""
     model = make_model(arch, contractive=True)
-    model.core.settings = SolverSettings(max_iter=4, tol=None, phantom_steps=1, eval_factor=4, eval_tol=1e-4)
+    model.core.settings = SolverSettings(max_iter=4, tol=None, phantom_steps=1, eval_factor=10, eval_tol=1e-4,
+                                         eval_rule=rule)
     ids = torch.randint(0, 101, (2, 10))
     with torch.no_grad():
         model.train()(ids)
@@ -62,7 +65,8 @@ def test_a_bounded_phase_evaluates_to_its_evaluation_tolerance(arch, make_model)
         assert trained.passes == 4 and trained.converged_frac == 0.0  # converged means below eval_tol
         model.eval()(ids)
         evaluated = model.core.last_stats
-        assert 4 < evaluated.passes < 16 and evaluated.converged.all() and (evaluated.residual < 1e-4).all()
+        assert 4 < evaluated.passes < 40 and (evaluated.residual < 2e-4).all()
+        assert rule == "released" or evaluated.converged.all()  # released: one stop test for the batch
         model.core.set_phase(eval_tol=None)
         model(ids)
         assert model.core.last_stats.passes == 4
