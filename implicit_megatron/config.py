@@ -215,6 +215,8 @@ class CheckpointConfig:
     allow_data_change: bool = False  # resume although data, sequence length or batch size changed
     # a damaged newest checkpoint (or `latest`): resume from the newest complete one, or refuse
     on_damaged: Literal["fallback", "fail"] = "fallback"
+    # no checkpoint at a step whose loss exceeds this factor x the mean of the previous 20 steps' (null: off)
+    max_loss_jump: float | None = 4.0
 
 
 @dataclass

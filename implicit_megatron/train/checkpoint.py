@@ -35,7 +35,7 @@ def data_signature(cfg: Config) -> dict:
     """What fixes the order of samples: a resume that changes it would repeat or skip data."""
     d = cfg.data
     return {"prefixes": list(d.prefixes), "weights": d.weights, "seq_len": d.seq_len, "seed": d.seed,
-            "global_batch_size": cfg.train.global_batch_size, "steps": cfg.train.steps}
+            "global_batch_size": cfg.train.global_batch_size, "steps": cfg.train.steps}  # see _check_data_signature
 
 
 def save(engine, cfg: Config, tag: str, client_state: dict) -> Path:
@@ -71,7 +71,7 @@ def remove_partial(cfg: Config, log) -> None:
         log(f"removed {leftover}, a checkpoint whose save was interrupted")
 
 
-def load(engine, cfg: Config, source: Source) -> dict:
+def load(engine, cfg: Config, source: Source, fingerprint=None) -> dict:
     """Load `source` (see handoff.find_source) into the engine; returns the client state.
 
     A resume restores everything; a handoff or a start from checkpoint.load restores what
@@ -94,7 +94,7 @@ def load(engine, cfg: Config, source: Source) -> dict:
         for group, settings in zip(engine.optimizer.param_groups, groups):
             group.update(settings)
     if source.load_data_state:
-        _check_data_signature(cfg, client_state, source.path)
+        client_state["extended"] = _check_data_signature(cfg, client_state, source.path, fingerprint)
     rng = source.path / f"rng_rank{dist.get_rank()}.pt"
     if source.resuming and source.saved.world_size == dist.get_world_size() and rng.is_file():
         _set_rng_state(torch.load(rng, weights_only=False))
@@ -102,14 +102,25 @@ def load(engine, cfg: Config, source: Source) -> dict:
     return client_state
 
 
-def _check_data_signature(cfg: Config, client_state: dict, where: Path) -> None:
+def _check_data_signature(cfg: Config, client_state: dict, where: Path, fingerprint=None) -> bool:
+    """Refuse a resume that changes the data order. Raising train.steps alone (extending the run) is
+    accepted when the samples already seen come in the same order in the data of the new length:
+    `fingerprint(n)` (the task's digest of the order of its first n samples) must equal the one
+    saved with the checkpoint. Returns whether the run was extended."""
     saved = client_state.get("data_signature", {})
     now = data_signature(cfg)
     changed = {k: (saved.get(k), v) for k, v in now.items() if saved.get(k) != v}
+    consumed = int(client_state.get("consumed_samples", 0))
+    if set(changed) == {"steps"} and fingerprint is not None and "data_fingerprint" in client_state:
+        if fingerprint(consumed) == client_state["data_fingerprint"]:
+            return True
+        before, after = changed["steps"]
+        changed["steps"] = (before, f"{after} (the samples already seen come in another order at this length)")
     if changed and not cfg.checkpoint.allow_data_change:
         detail = "; ".join(f"{k}: {a!r} -> {b!r}" for k, (a, b) in changed.items())
         raise ValueError(f"{where}: resuming with a changed data order ({detail}) would repeat or skip samples; "
                          "restore those settings or set checkpoint.allow_data_change=true")
+    return False
 
 
 def _prune(folder: Path, keep_last: int, latest: str) -> None:

@@ -8,6 +8,7 @@ the checkpoint's client state; the LR is a function of the global step, so nothi
 
 from __future__ import annotations
 
+import collections
 import json
 import math
 import os
@@ -34,6 +35,7 @@ from implicit_megatron.train.tasks import build_task
 from implicit_megatron.train.tracking import Tracker
 
 NAN_LOSS_AT_STEP = "IMPLICIT_MEGATRON_NAN_LOSS_AT_STEP"  # a step (1-based) whose loss is made NaN
+LOSS_JUMP_AT_STEP = "IMPLICIT_MEGATRON_LOSS_JUMP_AT_STEP"  # a step whose reported loss is made 1000x
 STOP_FILE = "stop-requested"  # in the output folder: stop as SIGTERM would (written by launch/pretrain.sh)
 PREEMPTED_FILE = "preempted.json"  # in the output folder: this launch stopped early, with its checkpoint
 
@@ -106,6 +108,8 @@ class Trainer:
         self.last_eval: dict[str, float] = {}
         self.peak_flops = peak_flops_per_device(cfg)
         self.nan_loss_at_step = int(os.environ.get(NAN_LOSS_AT_STEP, "0"))
+        self.loss_jump_at_step = int(os.environ.get(LOSS_JUMP_AT_STEP, "0"))
+        self.recent_losses: collections.deque[float] = collections.deque(maxlen=20)
         self.eod_id = load_tokenizer(cfg.data.tokenizer).eod_id if cfg.model.separate_documents else None
 
     # ---------------------------------------------------------------- set-up
@@ -149,7 +153,8 @@ class Trainer:
     def resume(self) -> None:
         if self.source is None:
             return
-        state = checkpoint.load(self.engine, self.cfg, self.source)
+        state = checkpoint.load(self.engine, self.cfg, self.source,
+                                fingerprint=lambda n: self.task.order_fingerprint(self.batches, n))
         p = self.progress
         if "step" in state:  # a model folder (how == "pretrained") starts at step 0
             # The step (and with it the LR schedule) continues across a handoff; the data position only
@@ -160,8 +165,11 @@ class Trainer:
                 p.consumed_tokens = state["consumed_tokens"]
             if self.source.load_data_state:
                 data_state = state["data"]
-                if self.cfg.checkpoint.allow_data_change:  # keep the position only; the index was rebuilt
+                if self.cfg.checkpoint.allow_data_change or state.get("extended"):  # the index was rebuilt
                     data_state = {"consumed_samples": data_state["consumed_samples"]}
+                if state.get("extended"):
+                    self.log(f"train.steps raised to {self.cfg.train.steps}: the {p.consumed_samples} samples "
+                             "already seen come in the same order; extending the run")
                 self.batches.load_state_dict(data_state)
         self.log(f"loaded {state['loaded_from']} at step {p.step} ({p.consumed_samples} samples)")
 
@@ -211,6 +219,8 @@ class Trainer:
                 self.apply_phase(step)
                 metrics = self.train_step(step)
                 p = self.progress
+                if p.step == self.loss_jump_at_step:  # fault injection for the tests: a reported jump only
+                    metrics["train/loss"] *= 1000.0
                 if not p.nonfinite_steps and (p.step % t.log_interval == 0 or p.step == end):
                     self.report(metrics)
                 if self._agreed_stop():  # preemption: save at once, skip evaluation (grace periods are short)
@@ -230,8 +240,10 @@ class Trainer:
                 if p.step % t.eval_interval == 0 or p.step == end:
                     self.report(self.evaluate())
                 phase_ends = self.phase_at(p.step) is not self.phase_at(p.step - 1)
-                if p.step % self.cfg.checkpoint.interval == 0 or p.step == end or phase_ends:
+                due = p.step % self.cfg.checkpoint.interval == 0 or p.step == end or phase_ends
+                if due and not self._loss_jumped(metrics["train/loss"]):
                     self.save()
+                self.recent_losses.append(metrics["train/loss"])
             self.summary()
         except BaseException:
             status = "FAILED"
@@ -360,6 +372,18 @@ class Trainer:
 
     # ---------------------------------------------------------------- outputs
 
+    def _loss_jumped(self, loss: float) -> bool:
+        """Whether any rank's loss exceeds checkpoint.max_loss_jump x the mean of its last 20 (agreed
+        over the ranks: a save is collective); such a step gets no checkpoint, with a warning."""
+        factor = self.cfg.checkpoint.max_loss_jump
+        recent = self.recent_losses
+        jumped = bool(factor and recent and loss > factor * sum(recent) / len(recent))
+        (flag,) = reduce_over_ranks([1.0 if jumped else 0.0], self.engine.device, dist.ReduceOp.MAX)
+        if flag:
+            self.log(f"warning: no checkpoint at step {self.progress.step}: the loss jumped beyond "
+                     f"checkpoint.max_loss_jump={factor} x its recent mean; the previous checkpoint stays the latest")
+        return bool(flag)
+
     def _nonfinite_step(self) -> None:
         p, t = self.progress, self.cfg.train
         self.log(f"step {p.step}: non-finite loss ({p.nonfinite_steps} in a row); its update is skipped")
@@ -405,7 +429,8 @@ class Trainer:
         p = self.progress
         tag = f"{p.phase}-step{p.step}" if p.phase else f"step{p.step}"
         client = {"step": p.step, "consumed_samples": p.consumed_samples, "consumed_tokens": p.consumed_tokens,
-                  "phase": p.phase, "data": self.batches.state_dict()}
+                  "phase": p.phase, "data": self.batches.state_dict(),
+                  "data_fingerprint": self.task.order_fingerprint(self.batches, p.consumed_samples)}
         path = checkpoint.save(self.engine, self.cfg, tag, client)
         self.log(f"saved {path}")
         return tag

@@ -8,6 +8,7 @@ accuracy, the paper's measure for state tracking.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Iterator
 from dataclasses import replace
 
@@ -19,6 +20,7 @@ from implicit_megatron.config import Config
 from implicit_megatron.models.loss import IGNORE_INDEX
 
 PAD = -1  # a validation row that only keeps the ranks' forwards in step
+FINGERPRINT_SAMPLES = 64
 
 
 class LanguageModelTask:
@@ -38,6 +40,12 @@ class LanguageModelTask:
         from implicit_megatron.train.data import train_batches
 
         return train_batches(self.cfg, rank, world, accum)
+
+    def order_fingerprint(self, batches: DistributedBatchIterator, consumed: int) -> str:
+        """A digest of the first `consumed` training samples' order: the tokens of 64 of them, spread
+        evenly (what a resume compares to accept a raised train.steps)."""
+        return _digest(np.asarray(batches.dataset[consumed * i // FINGERPRINT_SAMPLES])
+                       for i in range(FINGERPRINT_SAMPLES) if consumed)
 
     def inputs_and_targets(self, batch: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """A row of PAD (validation padding) is an input of token 0 whose labels are ignored."""
@@ -121,6 +129,14 @@ class WordProblemTask:
     def inputs_and_targets(self, batch: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return batch[0], batch[1]
 
+    def order_fingerprint(self, batches: WordProblemStream, consumed: int) -> str:
+        """Words are a function of (spec, batch number) alone, whatever train.steps: the digest of the
+        spec's first global batch identifies the order."""
+        from data_pipeline.synthetic.word_problem import batch_rng, generate_words
+
+        words, labels = generate_words(self.spec, self.cfg.train.global_batch_size, batch_rng(self.spec.seed, 0, 0))
+        return _digest([np.asarray(words), np.asarray(labels)])
+
     def eval_sets(self, rank: int, world: int) -> dict[str, Iterator[torch.Tensor]]:
         """In distribution (val), at eval_p (val_p{eval_p}), and at each longer length (val_len{L}):
         fixed sets from seeds apart from training's, split across ranks."""
@@ -146,6 +162,13 @@ class WordProblemTask:
             filler[1] = IGNORE_INDEX
             mine = torch.cat([mine, filler], dim=1)
         yield from mine.split(self.cfg.train.micro_batch_size, dim=1)
+
+
+def _digest(arrays) -> str:
+    digest = hashlib.sha256()
+    for array in arrays:
+        digest.update(np.ascontiguousarray(array, dtype=np.int64).tobytes())
+    return digest.hexdigest()
 
 
 def build_task(cfg: Config) -> LanguageModelTask | WordProblemTask:

@@ -55,10 +55,7 @@ def test_damaged_checkpoints_are_named_and_resume_falls_back(shakespeare_shards,
     states = checkpoints / "free-step8" / "mp_rank_00_model_states.pt"
     states.write_bytes(states.read_bytes()[:1000])
     (checkpoints / "latest").write_bytes(b"\x00\xffstray")
-    refused = run_torchrun("-m", "implicit_megatron.train", TINY, *args, "checkpoint.on_damaged=fail", nproc=1)
-    assert refused.returncode != 0 and "checkpoint error" in refused.stdout
-    assert "latest: does not hold a checkpoint tag name" in refused.stdout
-
+    # (checkpoint.on_damaged=fail refuses instead: test_handoff.py::test_resume_never_starts_over_existing_checkpoints)
     resumed = run_torchrun("-m", "implicit_megatron.train", TINY, *args)
     assert resumed.returncode == 0, resumed.stdout[-5000:]
     assert f"warning: {checkpoints / 'latest'}: does not hold a checkpoint tag name" in resumed.stdout

@@ -171,3 +171,17 @@ def test_universal_command_errors(tmp_path):
     result = universal(tmp_path / "checkpoints")
     assert result.returncode == 2 and "nothing to convert" in result.stderr
     assert "not a complete checkpoint" in universal(tmp_path / "checkpoints", "--tag", "free-step9").stderr
+
+
+def test_raised_steps_are_accepted_only_when_the_seen_order_holds():
+    from implicit_megatron.train.checkpoint import _check_data_signature, data_signature
+
+    cfg = load_config(TINY, ["train.steps=20"])
+    saved = {"data_signature": {**data_signature(cfg), "steps": 10}, "consumed_samples": 80,
+             "data_fingerprint": "abc"}
+    assert _check_data_signature(cfg, saved, Path("ckpt"), lambda n: "abc" if n == 80 else "?")
+    with pytest.raises(ValueError, match=r"steps: 10 -> .20 \(the samples already seen come in another order"):
+        _check_data_signature(cfg, saved, Path("ckpt"), lambda n: "xyz")
+    other = {**saved, "data_signature": {**saved["data_signature"], "seed": 1}}
+    with pytest.raises(ValueError, match="changed data order"):  # more than the length changed
+        _check_data_signature(cfg, other, Path("ckpt"), lambda n: "abc")
