@@ -25,7 +25,7 @@ from implicit_megatron.train.handoff import (
     read_latest,
     saved_layout,
 )
-from implicit_megatron.train.integrity import DamagedCheckpoint, check_tag, fallback_hint
+from implicit_megatron.train.integrity import require_complete
 from implicit_megatron.utils.typed_yaml import build_dataclass
 
 MODEL_FILE, CONFIG_FILE, MODELING_FILE = "model.safetensors", "config.json", "modeling_implicit_megatron.py"
@@ -96,10 +96,7 @@ def read_checkpoint(ckpt_dir: str | Path, tag: str | None = None) -> tuple[dict[
         raise FileNotFoundError(f"{folder}: not a checkpoint folder (no 'latest' file); name a tag with --tag")
     if not (folder / tag).is_dir():
         raise FileNotFoundError(f"{folder}: no checkpoint with tag {tag!r}")
-    try:
-        check_tag(folder / tag)
-    except DamagedCheckpoint as err:
-        raise DamagedCheckpoint(err.file, f"{err.problem}; {fallback_hint(folder, tag)}") from None
+    require_complete(folder, tag)
     saved = read_client_state(folder / tag)
     cfg = config_from_dict(saved["config"], str(model_states_file(folder / tag)))
     for phase in cfg.curriculum.phases:

@@ -21,6 +21,7 @@ import torch
 from implicit_megatron.builder import build_model
 from implicit_megatron.config import Config, load_config
 from implicit_megatron.export import write_folder
+from implicit_megatron.import_weights import read_source
 
 logger = logging.getLogger(__name__)
 
@@ -43,19 +44,6 @@ IGNORED = {"architectures", "average_eval", "data_info", "dataset_name", "emb_in
            "pad_vocab", "pad_vocab_size_multiple", "tie_embeddings", "head_bias", "dropout", "model_type",
            "backbone_type", "backbone_config", "deq_params"}
 NOISE_KEYS = ("noise_mode", "state_noise_db", "latent_noise_db")
-
-
-def read_released(src: Path) -> tuple[dict, dict[str, torch.Tensor]]:
-    if not (src / "config.json").is_file():
-        raise FileNotFoundError(f"{src}: no config.json")
-    hf = json.loads((src / "config.json").read_text())
-    if (src / "model.safetensors").is_file():
-        from safetensors.torch import load_file
-
-        return hf, load_file(str(src / "model.safetensors"))
-    if (src / "pytorch_model.bin").is_file():
-        return hf, torch.load(src / "pytorch_model.bin", map_location="cpu", weights_only=True)
-    raise FileNotFoundError(f"{src}: no pytorch_model.bin or model.safetensors")
 
 
 def is_released(hf: dict) -> bool:
@@ -195,7 +183,7 @@ def import_released(src: str | Path, out_dir: str | Path, base_config: str | Pat
     """Write our folder for the released model at `src`; `from_pretrained(out_dir)` evaluates it as the
     released code does."""
     src, out = Path(src), Path(out_dir)
-    hf, weights = read_released(src)
+    hf, weights = read_source(src)
     cfg: Config = load_config(Path(base_config) if base_config else DEFAULT_BASE, released_overrides(hf, src),
                               check_files=False)
     state = released_state(weights, cfg.model.arch, cfg.model.tie_embeddings, src)

@@ -18,7 +18,8 @@ from implicit_megatron.config import Config, load_config
 from implicit_megatron.export import write_folder
 
 
-def _read_source(src: Path) -> tuple[dict, dict[str, torch.Tensor]]:
+def read_source(src: Path) -> tuple[dict, dict[str, torch.Tensor]]:
+    """config.json and the weights (model.safetensors or pytorch_model.bin) of a model folder."""
     if not (src / "config.json").is_file():
         raise FileNotFoundError(f"{src}: no config.json")
     hf = json.loads((src / "config.json").read_text())
@@ -84,7 +85,7 @@ def _model_settings(hf: dict) -> tuple[list[str], dict[str, str]]:
 def import_explicit(src: str | Path, out_dir: str | Path, base_config: str | Path | None = None) -> Path:
     """Write our folder for the explicit model at `src` (made implicit when `base_config` says so)."""
     src, out = Path(src), Path(out_dir)
-    hf, weights = _read_source(src)
+    hf, weights = read_source(src)
     overrides, prefixes = _model_settings(hf)
     tied = hf.get("tie_embeddings", hf.get("tie_word_embeddings", True))
     vocab = hf["vocab_size"]

@@ -38,6 +38,7 @@ from implicit_megatron.train.integrity import (
     fallback_hint,
     newest_complete,
     read_latest,
+    require_complete,
     step_of,
     tags_by_step,
 )
@@ -190,21 +191,11 @@ def _named_checkpoint(path: Path) -> tuple[Path, str]:
     """checkpoint.load names a checkpoints/ folder (its `latest` is used) or one tag folder in it."""
     tag = read_latest(path)
     if tag is not None:
-        return path, _complete(path, tag)
+        return path, require_complete(path, tag)
     if read_latest(path.parent) is not None and any((path / n).is_file() for n in (MODEL_STATES, ZERO3_MODEL_STATES)):
-        return path.parent, _complete(path.parent, path.name)
+        return path.parent, require_complete(path.parent, path.name)
     raise FileNotFoundError(f"checkpoint.load={path}: not a checkpoints folder (no '{LATEST}' file), a tag folder "
                             f"of one, or a model folder ({PRETRAINED_WEIGHTS})")
-
-
-def _complete(folder: Path, tag: str) -> str:
-    """`tag`, when every file of it reads back; otherwise an error naming the damaged file and the
-    checkpoint to use instead."""
-    try:
-        check_tag(folder / tag)
-    except DamagedCheckpoint as err:
-        raise DamagedCheckpoint(err.file, f"{err.problem}; {fallback_hint(folder, tag)}") from None
-    return tag
 
 
 def to_universal(path: Path, workers: int = 2) -> Path:

@@ -131,3 +131,13 @@ def fallback_hint(folder: Path, tag: str) -> str:
     if previous is None:
         return f"no complete checkpoint older than {tag} is in {folder}"
     return f"the previous complete checkpoint is {folder / previous} (--tag {previous})"
+
+
+def require_complete(folder: Path, tag: str) -> str:
+    """`tag`, when every file of it reads back; otherwise an error naming the damaged file and the
+    checkpoint to use instead."""
+    try:
+        check_tag(folder / tag)
+    except DamagedCheckpoint as err:
+        raise DamagedCheckpoint(err.file, f"{err.problem}; {fallback_hint(folder, tag)}") from None
+    return tag
