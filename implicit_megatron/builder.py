@@ -12,7 +12,7 @@ from torch.nn.utils.parametrizations import weight_norm
 
 from implicit_megatron.config import Config
 from implicit_megatron.implicit import ImplicitCore, Injection, SolverSettings
-from implicit_megatron.models.backbone import Backbone
+from implicit_megatron.models.backbone import Backbone, released_init_
 from implicit_megatron.models.lm import LanguageModel
 
 
@@ -21,15 +21,18 @@ def build_model(cfg: Config, device=None, dtype=None) -> LanguageModel:
     (one pass from z^0 = embedding, no injection), so both share every line of block code."""
     backbone = Backbone(cfg.model, device=device, dtype=dtype)
     settings = injection = None
+    weight_normed = cfg.implicit.enabled and cfg.implicit.weight_norm
     if cfg.implicit.enabled:
         settings = SolverSettings.from_config(cfg.implicit)
         if cfg.implicit.injection:
             injection = Injection(cfg.model.d_model, backbone.injection_width, cfg.model.norm_eps,
                                   cfg.model.init_std, device=device, dtype=dtype)
-        if cfg.implicit.weight_norm:
-            apply_weight_norm(backbone)
-            if injection is not None and cfg.implicit.weight_norm_injection:
-                apply_weight_norm(injection)
+    if cfg.model.init == "released":
+        released_init_(backbone, injection, cfg.model, rescale_residual=not weight_normed)
+    if weight_normed:
+        apply_weight_norm(backbone)
+        if injection is not None and cfg.implicit.weight_norm_injection:
+            apply_weight_norm(injection)
     core = ImplicitCore(backbone, settings, injection, cuda_graphs=cfg.implicit.cuda_graphs)
     return LanguageModel(cfg.model, core, device=device, dtype=dtype)
 

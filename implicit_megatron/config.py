@@ -65,7 +65,11 @@ class ModelConfig:
     vocab_size: int = 50277  # the GPT-NeoX-20B tokenizer
     pad_vocab_multiple: int = 1  # Mamba2 recipe: 16
     norm_eps: float = 1e-5
-    init_std: float = 0.02
+    init_std: float = 0.02  # the embedding's (and, with init: default, Llama's Linear layers')
+    # default: mamba_ssm's init for Mamba2, GPT-2/Megatron's N(0, init_std) for Llama; released: the
+    # released models' (PyTorch's default Linear init, residual rescale only without weight norm)
+    init: Literal["default", "released"] = "default"
+    residual_in_fp32: bool = False  # each block's residual sum in at least float32 (the released models)
     tie_embeddings: bool = True
     use_kernels: bool = True  # fused mamba_ssm / causal_conv1d / flash-attn when importable and on GPU
     separate_documents: bool = False  # packed documents share no state or attention (paper: off)

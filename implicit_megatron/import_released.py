@@ -79,13 +79,13 @@ def released_overrides(hf: dict, src: Path) -> list[str]:
     if bb.pop("pretrain_steps", 0):
         logger.warning("%s: pretrain_steps (the unrolled warm-up) is a training setting; not applied here", src)
     bb.pop("pretrain_iter", None)
-    if not bb.pop("residual_in_fp32", True):
-        logger.info("%s: residual_in_fp32=false", src)
+    fp32_residual = str(bool(bb.pop("residual_in_fp32", True))).lower()  # the released default: true
     vocab = hf["vocab_size"] if arch == "llama" else hf.get("n_tokens", hf.get("vocab_size"))
     multiple = hf.get("pad_vocab_size_multiple", 8) if hf.get("pad_vocab") else 1
     out = [f"model.arch={arch}", f"model.d_model={d_model}", f"model.n_layers={bb.pop('n_layer')}",
            "model.norm_eps=1e-05", f"model.vocab_size={vocab}", f"model.pad_vocab_multiple={multiple}",
-           f"model.tie_embeddings={str(bool(hf.get('tie_embeddings', True))).lower()}"]
+           f"model.tie_embeddings={str(bool(hf.get('tie_embeddings', True))).lower()}",
+           f"model.residual_in_fp32={fp32_residual}", "model.init=released"]
     block = dict(bb.pop("block_cfg", {}))
     d_inner = bb.pop("d_inner", 0)
     if arch == "llama":
@@ -231,7 +231,7 @@ def released_config(cfg: Config, dtype: torch.dtype) -> dict:
           "architectures": ["ImplicitLlamaForCausalLM" if arch == "llama" else "ImplicitMambaForCausalLM"],
           "backbone_type": "implicit" if cfg.implicit.enabled else "explicit",
           "backbone_config": {"d_model": m.d_model, "n_layer": m.n_layers, "pre_norm": True, "rms_norm": True,
-                              "dropout": 0.0, "residual_in_fp32": False, "block_cfg": block, **extra},
+                              "dropout": 0.0, "residual_in_fp32": m.residual_in_fp32, "block_cfg": block, **extra},
           "deq_params": _released_deq(cfg) if cfg.implicit.enabled else {},
           "d_embed": m.d_model, "tie_embeddings": m.tie_embeddings, "head_bias": False, "dropout": 0.0,
           "pad_vocab": padded, "pad_vocab_size_multiple": m.pad_vocab_multiple if padded else 8,

@@ -23,7 +23,7 @@ from torch.utils.checkpoint import checkpoint
 from implicit_megatron.config import ModelConfig
 from implicit_megatron.models.llama import KVCache, LlamaDecoderLayer
 from implicit_megatron.models.mamba2 import Mamba2, Mamba2State
-from implicit_megatron.models.norms import RMSNorm
+from implicit_megatron.models.norms import RMSNorm, compute_dtype
 
 LayerState = Mamba2State | KVCache
 BackboneState = tuple[LayerState, ...]
@@ -36,6 +36,7 @@ class Mamba2Block(nn.Module):
         super().__init__()
         s = cfg.mamba2
         self.layer_idx = layer_idx
+        self.residual_in_fp32 = cfg.residual_in_fp32
         self.norm = RMSNorm(cfg.d_model, eps=cfg.norm_eps, device=device, dtype=dtype)
         self.mixer = Mamba2(
             cfg.d_model, d_state=s.d_state, d_conv=s.d_conv, expand=s.expand, headdim=s.headdim,
@@ -49,15 +50,17 @@ class Mamba2Block(nn.Module):
 
     def forward(self, z: torch.Tensor, inj: torch.Tensor | None = None,
                 seq_idx: torch.Tensor | None = None) -> torch.Tensor:
-        return z + self.mixer(self.norm(z), inj, seq_idx)
+        out = z + self.mixer(self.norm(z.to(self.norm.weight.dtype)), inj, seq_idx)
+        return out.to(compute_dtype(out.dtype)) if self.residual_in_fp32 else out
 
     def allocate_state(self, batch_size: int, max_seq_len: int, device=None, dtype=None) -> Mamba2State:
         return self.mixer.allocate_state(batch_size, device, dtype)  # constant size: max_seq_len unused
 
     def step(self, z_t: torch.Tensor, state: Mamba2State,
              inj_t: torch.Tensor | None = None) -> tuple[torch.Tensor, Mamba2State]:
-        out, state = self.mixer.step(self.norm(z_t), state, inj_t)
-        return z_t + out, state
+        out, state = self.mixer.step(self.norm(z_t.to(self.norm.weight.dtype)), state, inj_t)
+        out = z_t + out
+        return (out.to(compute_dtype(out.dtype)) if self.residual_in_fp32 else out), state
 
 
 def _build_layer(cfg: ModelConfig, i: int, device, dtype) -> nn.Module:
@@ -66,7 +69,8 @@ def _build_layer(cfg: ModelConfig, i: int, device, dtype) -> nn.Module:
     s = cfg.llama
     return LlamaDecoderLayer(cfg.d_model, s.n_heads, cfg.ffn_dim, n_kv_heads=s.n_kv_heads,
                              rope_theta=s.rope_theta, attention_bias=s.attention_bias, norm_eps=cfg.norm_eps,
-                             layer_idx=i, use_kernels=cfg.use_kernels, device=device, dtype=dtype)
+                             layer_idx=i, use_kernels=cfg.use_kernels, residual_in_fp32=cfg.residual_in_fp32,
+                             device=device, dtype=dtype)
 
 
 class Backbone(nn.Module):
@@ -89,12 +93,13 @@ class Backbone(nn.Module):
 
     def forward(self, z: torch.Tensor, inj: torch.Tensor | None = None,
                 seq_idx: torch.Tensor | None = None) -> torch.Tensor:
+        dtype = z.dtype  # the iterate keeps its dtype between passes (see model.residual_in_fp32)
         for layer in self.layers:
             if self.checkpoint_layers and torch.is_grad_enabled():
                 z = checkpoint(layer, z, inj, seq_idx, use_reentrant=False)
             else:
                 z = layer(z, inj, seq_idx)
-        return self.norm_f(z)
+        return self.norm_f(z).to(dtype)
 
     def compile_blocks(self) -> None:
         """torch.compile every block in place: the elementwise work between matmuls (norms, RoPE,
@@ -109,11 +114,11 @@ class Backbone(nn.Module):
     def step(self, z_t: torch.Tensor, state: BackboneState,
              inj_t: torch.Tensor | None = None) -> tuple[torch.Tensor, BackboneState]:
         """One token z_t (B, d) -> (normalised z_t' (B, d), candidate state); `state` stays valid."""
-        new_state = []
+        new_state, dtype = [], z_t.dtype
         for layer, layer_state in zip(self.layers, state, strict=True):
             z_t, layer_state = layer.step(z_t, layer_state, inj_t)
             new_state.append(layer_state)
-        return self.norm_f(z_t), tuple(new_state)
+        return self.norm_f(z_t).to(dtype), tuple(new_state)
 
 
 @torch.no_grad()
@@ -139,3 +144,27 @@ def init_backbone_(backbone: Backbone, cfg: ModelConfig) -> None:
             residual = name.endswith(("o_proj", "down_proj"))
             std = cfg.init_std / math.sqrt(2 * cfg.n_layers) if residual else cfg.init_std
             nn.init.normal_(module.weight, mean=0.0, std=std)
+
+
+@torch.no_grad()
+def released_init_(backbone: Backbone, injection: nn.Module | None, cfg: ModelConfig, rescale_residual: bool) -> None:
+    """The released models' initialisation (`model.init: released`), applied before weight norm.
+
+    Every Linear of the backbone and of the injection keeps PyTorch's default (kaiming-uniform)
+    weights and has zero biases. The projections into the residual stream (Mamba2's out_proj; Llama's
+    o_proj and down_proj) are re-drawn and divided by sqrt(residuals per layer x n_layers) only when
+    `rescale_residual`: the released code renames them to `weight_v` when it applies weight norm,
+    so its implicit models skip the rescale and its explicit ones get it.
+    """
+    per_layer = 1 if cfg.arch == "mamba2" else 2
+    modules = list(backbone.named_modules())
+    if injection is not None:
+        modules += list(injection.named_modules(prefix="injection"))
+    for name, module in modules:
+        if not isinstance(module, nn.Linear):
+            continue
+        nn.init.kaiming_uniform_(module.weight, a=math.sqrt(5))
+        if module.bias is not None:
+            nn.init.zeros_(module.bias)
+        if rescale_residual and name.endswith(("out_proj", "o_proj", "down_proj")):
+            module.weight /= math.sqrt(per_layer * cfg.n_layers)

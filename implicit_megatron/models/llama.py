@@ -189,10 +189,12 @@ class LlamaDecoderLayer(nn.Module):
 
     def __init__(self, d_model: int, n_heads: int, ffn_dim: int, n_kv_heads: int | None = None,
                  rope_theta: float = 10000.0, attention_bias: bool = False, norm_eps: float = 1e-5,
-                 layer_idx: int | None = None, use_kernels: bool = True, device=None, dtype=None) -> None:
+                 layer_idx: int | None = None, use_kernels: bool = True, residual_in_fp32: bool = False,
+                 device=None, dtype=None) -> None:
         super().__init__()
         factory = {"device": device, "dtype": dtype}
         self.layer_idx = layer_idx
+        self.residual_in_fp32 = residual_in_fp32  # each residual sum in float32 (the released models)
         self.input_layernorm = RMSNorm(d_model, eps=norm_eps, **factory)
         self.self_attn = LlamaAttention(d_model, n_heads, n_kv_heads, rope_theta, attention_bias,
                                         use_kernels, **factory)
@@ -207,8 +209,14 @@ class LlamaDecoderLayer(nn.Module):
     def forward(self, z: torch.Tensor, inj: torch.Tensor | None = None,
                 seq_idx: torch.Tensor | None = None) -> torch.Tensor:
         """z: (B, T, d); inj: (B, T, injection_width) added to [q, k, v] before RoPE."""
-        h = z + self.self_attn(self.input_layernorm(z), inj, seq_idx)
-        return h + self.mlp(self.post_attention_layernorm(h))
+        h = self._residual(z + self.self_attn(self._normed(self.input_layernorm, z), inj, seq_idx))
+        return self._residual(h + self.mlp(self._normed(self.post_attention_layernorm, h)))
+
+    def _normed(self, norm: RMSNorm, x: torch.Tensor) -> torch.Tensor:
+        return norm(x.to(norm.weight.dtype))
+
+    def _residual(self, x: torch.Tensor) -> torch.Tensor:
+        return x.to(compute_dtype(x.dtype)) if self.residual_in_fp32 else x
 
     def allocate_state(self, batch_size: int, max_seq_len: int, device=None, dtype=None) -> KVCache:
         """An empty cache with room for `max_seq_len` tokens."""
@@ -221,6 +229,6 @@ class LlamaDecoderLayer(nn.Module):
     def step(self, z_t: torch.Tensor, state: KVCache,
              inj_t: torch.Tensor | None = None) -> tuple[torch.Tensor, KVCache]:
         """One token z_t (B, d) at position state.length -> (out (B, d), candidate state)."""
-        a, new_state = self.self_attn.step(self.input_layernorm(z_t), state, inj_t)
-        h = z_t + a
-        return h + self.mlp(self.post_attention_layernorm(h)), new_state
+        a, new_state = self.self_attn.step(self._normed(self.input_layernorm, z_t), state, inj_t)
+        h = self._residual(z_t + a)
+        return self._residual(h + self.mlp(self._normed(self.post_attention_layernorm, h))), new_state
