@@ -102,7 +102,7 @@ def read_checkpoint(ckpt_dir: str | Path, tag: str | None = None) -> tuple[dict[
     for phase in cfg.curriculum.phases:
         if phase.name == saved.get("phase"):
             cfg.implicit.max_iter, cfg.implicit.tol = phase.max_iter, phase.tol
-            cfg.implicit.phantom_steps = phase.phantom_steps
+            cfg.implicit.phantom_steps = max(phase.phantom_steps, 1)  # (an unrolled warm-up has none)
     return consolidated_weights(folder / tag, saved_layout(folder / tag)), cfg
 
 

@@ -70,11 +70,9 @@ def released_overrides(hf: dict, src: Path) -> list[str]:
         _refuse(src, "d_embed", hf["d_embed"], "an embedding width other than d_model")
     if hf.get("head_bias"):
         _refuse(src, "head_bias", True, "a bias on the output head")
-    for key in ("dropout",):
-        if hf.get(key) or bb.get(key):
-            logger.warning("%s: dropout %s is a training setting of the released run; not applied here",
-                           src, hf.get(key) or bb.get(key))
-    bb.pop("dropout", None)
+    if bb.pop("dropout", 0.0):  # the mixer's; its fused training path never applies it
+        logger.warning("%s: backbone_config.dropout (the released mixer's, outside its fused training path) is "
+                       "not applied here", src)
     bb.pop("init_gain", None)  # the released code never reads it
     if bb.pop("pretrain_steps", 0):
         logger.warning("%s: pretrain_steps (the unrolled warm-up) is a training setting; not applied here", src)
@@ -85,7 +83,8 @@ def released_overrides(hf: dict, src: Path) -> list[str]:
     out = [f"model.arch={arch}", f"model.d_model={d_model}", f"model.n_layers={bb.pop('n_layer')}",
            "model.norm_eps=1e-05", f"model.vocab_size={vocab}", f"model.pad_vocab_multiple={multiple}",
            f"model.tie_embeddings={str(bool(hf.get('tie_embeddings', True))).lower()}",
-           f"model.residual_in_fp32={fp32_residual}", "model.init=released"]
+           f"model.residual_in_fp32={fp32_residual}", "model.init=released",
+           f"model.embedding_dropout={float(hf.get('dropout', 0.0))}"]
     block = dict(bb.pop("block_cfg", {}))
     d_inner = bb.pop("d_inner", 0)
     if arch == "llama":
@@ -233,7 +232,8 @@ def released_config(cfg: Config, dtype: torch.dtype) -> dict:
           "backbone_config": {"d_model": m.d_model, "n_layer": m.n_layers, "pre_norm": True, "rms_norm": True,
                               "dropout": 0.0, "residual_in_fp32": m.residual_in_fp32, "block_cfg": block, **extra},
           "deq_params": _released_deq(cfg) if cfg.implicit.enabled else {},
-          "d_embed": m.d_model, "tie_embeddings": m.tie_embeddings, "head_bias": False, "dropout": 0.0,
+          "d_embed": m.d_model, "tie_embeddings": m.tie_embeddings, "head_bias": False,
+          "dropout": m.embedding_dropout,
           "pad_vocab": padded, "pad_vocab_size_multiple": m.pad_vocab_multiple if padded else 8,
           "tokenizer": "EleutherAI/gpt-neox-20b", "torch_dtype": str(dtype).removeprefix("torch.")}
     hf["vocab_size" if arch == "llama" else "n_tokens"] = m.vocab_size

@@ -1,22 +1,31 @@
-"""State-tracking sweep: train models on a word problem, print their accuracies and test-time passes.
+"""State tracking: train explicit and implicit Mamba2 on a word problem over seeds, test at longer words.
 
-    python tools/state_tracking.py [--models explicit-1l,explicit-2l,implicit] [--algebra Ma_A5]
-        [--p 0.1] [--eval-p 0.5] [--length 64] [--eval-lengths 128] [--steps 2000] [--batch 64]
-        [--d-model 64] [--nproc 1] [--output runs/state_tracking] [key=value ...]
+    python tools/state_tracking.py --algebra Z2 [--models explicit-1l,explicit-2l,explicit-4l,implicit]
+        [--seeds 3] [--length 64] [--test-lengths 64,256,1024] [--p 0.5] [--eval-p 0.5]
+        [--steps 1000] [--batch 64] [--d-model 64] [--recipe ours|released] [--sequential]
+        [--test-words 256] [--nproc 1] [--output runs/state_tracking] [--page docs/results/state_tracking.md]
+        [--tag NAME] [key=value ...]
 
-Each model is a config of configs/state_tracking/ (explicit-Nl: mamba2-explicit[-Nl].yaml;
-implicit: mamba2-implicit.yaml, one layer self-iterated), trained through the training entry
-(launch/pretrain.sh) into OUTPUT/<model>; a finished run is not trained again. The table gives
-the last evaluation: accuracy in distribution (p, length), out of distribution (eval-p; the paper
-uses 0.5), on longer words, and the backbone passes per forward at test time. Extra key=value
-arguments go to every run (e.g. train.eval_interval=250).
+Each model is a config of configs/state_tracking/ (explicit-Nl: mamba2-explicit[-Nl].yaml; implicit:
+mamba2-implicit.yaml, one layer self-iterated; with --recipe released, released.yaml: the released
+warm-up of unrolled damped passes first). Each (model, seed) trains through launch/pretrain.sh into
+OUTPUT/TAG/<model>/seed<k>; a finished run is not trained again. Then every final checkpoint is
+tested here, on words the training never saw, at each test length (training p) and at eval-p
+(training length): accuracy over every position and over the last 10, passes per forward (an
+implicit model iterates until the batch's relative change is below its tolerance, up to its
+evaluation cap) and the converged share; --sequential adds token-by-token evaluation at the
+training length (the released final metric). It prints the tables and writes OUTPUT/TAG/results.json;
+--page also saves the sweep beside the page (<page stem>/TAG.json and two PNGs) and rebuilds the page
+from every sweep saved there. Extra key=value arguments go to every training run.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -24,11 +33,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 CONFIGS = ROOT / "configs" / "state_tracking"
+TEST_SEED = 10_000  # test words: seeds far from every training seed (data.seed + seed)
 
 
-def config_of(model: str) -> Path:
+def config_of(model: str, recipe: str) -> Path:
     if model == "implicit":
-        return CONFIGS / "mamba2-implicit.yaml"
+        return CONFIGS / ("released.yaml" if recipe == "released" else "mamba2-implicit.yaml")
     if model.startswith("explicit-") and model.endswith("l"):
         layers = model.removeprefix("explicit-").removesuffix("l")
         path = CONFIGS / ("mamba2-explicit.yaml" if layers == "1" else f"mamba2-explicit-{layers}l.yaml")
@@ -45,76 +55,132 @@ def yaml_value(p: float | None) -> str:
     return "null" if p is None else str(p)
 
 
-def overrides(args: argparse.Namespace, out: Path) -> list[str]:
+def overrides(args: argparse.Namespace, model: str, out: Path, seed: int) -> list[str]:
     from data_pipeline.synthetic.algebra import get_algebra
 
-    return [f"train.output_dir={out}", f"task.word_problem.algebra={args.algebra}",
-            f"model.vocab_size={get_algebra(args.algebra).size}", f"task.word_problem.p={yaml_value(args.p)}",
-            f"task.word_problem.eval_p={yaml_value(args.eval_p)}",
-            f"task.word_problem.eval_lengths=[{args.eval_lengths}]",
-            f"data.seq_len={args.length}", f"train.steps={args.steps}", f"train.global_batch_size={args.batch}",
-            f"train.micro_batch_size={args.batch // args.nproc}", f"model.d_model={args.d_model}",
-            f"model.mamba2.headdim={min(32, args.d_model // 2)}", f"train.eval_interval={args.steps}",
-            f"schedule.warmup_steps={max(1, args.steps // 20)}", "tracking.enabled=false",
-            "distributed.precision=fp32", *args.extra]
+    warmup = max(1, math.ceil(args.steps / (10 if args.recipe == "released" else 20)))
+    result = [f"train.output_dir={out}", f"task.word_problem.algebra={args.algebra}",
+              f"model.vocab_size={get_algebra(args.algebra).size}", "task.word_problem.p_convention=paper",
+              f"task.word_problem.p={yaml_value(args.p)}", f"task.word_problem.eval_p={yaml_value(args.eval_p)}",
+              "task.word_problem.eval_lengths=[]", "task.word_problem.eval_words=64",
+              f"data.seq_len={args.length}", f"train.steps={args.steps}", f"train.global_batch_size={args.batch}",
+              f"train.micro_batch_size={args.batch // args.nproc}", f"model.d_model={args.d_model}",
+              f"model.mamba2.headdim={min(64, args.d_model // 2)}", f"train.eval_interval={args.steps}",
+              f"checkpoint.interval={args.steps}", f"schedule.warmup_steps={warmup}", "tracking.enabled=false",
+              "distributed.precision=fp32", f"train.seed={seed}", f"data.seed={1234 + seed}"]
+    if args.recipe == "released" and model == "implicit":
+        result.append(f"schedule.cooldown_start={warmup / args.steps}")
+    return [*result, *args.extra]
 
 
-def train(model: str, args: argparse.Namespace) -> Path:
-    out = Path(args.output) / model
+def finished(out: Path, steps: int) -> bool:
     latest = out / "checkpoints" / "latest"
-    if latest.is_file() and latest.read_text().strip() == f"step{args.steps}":
-        print(f"[state_tracking] {model}: finished run in {out}, not trained again", flush=True)
-        return out
-    print(f"[state_tracking] {model}: training into {out}", flush=True)
+    return latest.is_file() and latest.read_text().strip().endswith(f"step{steps}")
+
+
+def train(model: str, seed: int, args: argparse.Namespace, out: Path) -> None:
+    if finished(out, args.steps):
+        print(f"[state_tracking] {model} seed {seed}: finished run in {out}, not trained again", flush=True)
+        return
+    print(f"[state_tracking] {model} seed {seed}: training into {out}", flush=True)
     env = {**os.environ, "NPROC": str(args.nproc), "PYTHON": sys.executable}
-    result = subprocess.run(["bash", "launch/pretrain.sh", str(config_of(model)), *overrides(args, out)], cwd=ROOT,
-                            env=env, capture_output=True, text=True)
+    result = subprocess.run(["bash", "launch/pretrain.sh", str(config_of(model, args.recipe)),
+                             *overrides(args, model, out, seed)], cwd=ROOT, env=env, capture_output=True, text=True)
     if result.returncode != 0:
-        raise SystemExit(f"state_tracking: {model} failed:\n{result.stdout[-3000:]}{result.stderr[-3000:]}")
-    return out
+        raise SystemExit(f"state_tracking: {model} seed {seed} failed:\n{result.stdout[-3000:]}{result.stderr[-3000:]}")
 
 
-def last_evaluation(out: Path) -> dict[str, float]:
-    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    evals = [r for r in rows if "val/accuracy" in r]
-    trains = [r for r in rows if "train/accuracy" in r]
-    if not evals:
-        raise SystemExit(f"state_tracking: {out / 'metrics.jsonl'} has no evaluation")
-    return {**evals[-1], "train/accuracy": trains[-1]["train/accuracy"] if trains else float("nan")}
+def test_sets(args: argparse.Namespace) -> dict[str, tuple[int, float | None]]:
+    """name -> (length, p): every test length at the training p, and eval-p at the training length."""
+    sets = {f"L{length}": (length, args.p) for length in args.test_lengths}
+    if args.eval_p != args.p:
+        sets[f"L{args.length}-p{args.eval_p}"] = (args.length, args.eval_p)
+    return sets
 
 
-def table(results: dict[str, dict[str, float]], args: argparse.Namespace) -> str:
-    ood = f"val_p{args.eval_p}" if args.eval_p != args.p else "val"
-    longer = [f"val_len{n}" for n in args.eval_lengths.split(",") if n]
-    head = (["model", "train acc", f"acc p={args.p} L={args.length}", f"acc p={args.eval_p}"]
-            + [f"acc L={k.removeprefix('val_len')}" for k in longer]
-            + ["test passes (ID)", "test passes (OOD)"])
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for model, r in results.items():
-        cells = [model, f"{r['train/accuracy']:.3f}", f"{r['val/accuracy']:.3f}", f"{r[f'{ood}/accuracy']:.3f}"]
-        cells += [f"{r[f'{k}/accuracy']:.3f}" for k in longer]
-        cells += [f"{r['val/solver_iterations']:.1f}", f"{r[f'{ood}/solver_iterations']:.1f}"]
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+def evaluate(out: Path, args: argparse.Namespace) -> dict[str, dict]:
+    """Every test set through the run's final checkpoint (fp32, CPU), as WordResult dicts."""
+    import torch
+
+    from data_pipeline.synthetic.word_problem import generate
+    from implicit_megatron.builder import build_model
+    from implicit_megatron.evaluation.word_problems import evaluate_words
+    from implicit_megatron.export import read_checkpoint
+
+    state, cfg = read_checkpoint(out / "checkpoints")
+    model = build_model(cfg)
+    model.load_state_dict(state)
+    results = {}
+    for i, (name, (length, p)) in enumerate(test_sets(args).items()):
+        words, labels = (torch.from_numpy(a.astype("int64")) for a in
+                         generate(args.algebra, args.test_words, length, p, TEST_SEED + i))
+        results[name] = evaluate_words(model, words, labels, args.eval_batch).as_dict()
+        if args.sequential and length == args.length and p == args.p:
+            results[f"seq-{name}"] = evaluate_words(model, words, labels, args.eval_batch, sequential=True).as_dict()
+    return results
+
+
+def parse(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--models", default="explicit-1l,explicit-2l,explicit-4l,implicit")
+    parser.add_argument("--algebra", default="Z2", help="S5, A5, S3, A4, Z<m> (Z2: parity) or Ma_<group>")
+    parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--p", type=probability, default=0.5, help="share of non-identity group parts; none: uniform")
+    parser.add_argument("--eval-p", type=probability, default=0.5)
+    parser.add_argument("--length", type=int, default=64)
+    parser.add_argument("--test-lengths", default="64,256,1024", help="comma-separated word lengths")
+    parser.add_argument("--test-words", type=int, default=256)
+    parser.add_argument("--eval-batch", type=int, default=64)
+    parser.add_argument("--steps", type=int, default=1000)
+    parser.add_argument("--batch", type=int, default=64)
+    parser.add_argument("--d-model", type=int, default=64)
+    parser.add_argument("--recipe", choices=("ours", "released"), default="ours")
+    parser.add_argument("--sequential", action="store_true", help="also token by token at the training length")
+    parser.add_argument("--nproc", type=int, default=1)
+    parser.add_argument("--output", default=str(ROOT / "runs" / "state_tracking"))
+    parser.add_argument("--page", default=None, help="results page to rebuild, e.g. docs/results/state_tracking.md")
+    parser.add_argument("--tag", default=None, help="name of this sweep (default ALGEBRA-LENGTH-RECIPE)")
+    parser.add_argument("--notes", default="", help="a paragraph printed under the sweep on the page")
+    parser.add_argument("extra", nargs="*", help="key=value overrides for every training run")
+    args = parser.parse_args(argv)
+    args.test_lengths = [int(n) for n in args.test_lengths.split(",") if n]
+    args.tag = args.tag or f"{args.algebra}-L{args.length}-{args.recipe}"
+    return args
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--models", default="explicit-1l,explicit-2l,implicit")
-    parser.add_argument("--algebra", default="Ma_A5", choices=("S5", "A5", "Ma_A5", "Ma_S5"))
-    parser.add_argument("--p", type=probability, default=0.1, help="hard-token share; none: uniform over G")
-    parser.add_argument("--eval-p", type=probability, default=0.5)
-    parser.add_argument("--length", type=int, default=64)
-    parser.add_argument("--eval-lengths", default="128", help="comma-separated longer word lengths ('' for none)")
-    parser.add_argument("--steps", type=int, default=2000)
-    parser.add_argument("--batch", type=int, default=64)
-    parser.add_argument("--d-model", type=int, default=64)
-    parser.add_argument("--nproc", type=int, default=1)
-    parser.add_argument("--output", default=str(ROOT / "runs" / "state_tracking"))
-    parser.add_argument("extra", nargs="*", help="key=value overrides for every run")
-    args = parser.parse_args(argv)
-    results = {model: last_evaluation(train(model, args)) for model in args.models.split(",")}
-    print(table(results, args))
+    from data_pipeline.synthetic.algebra import get_algebra
+    from implicit_megatron.evaluation.state_tracking_report import tables, write_page, write_sweep
+
+    args = parse(argv)
+    argv = sys.argv[1:] if argv is None else argv
+    folder = Path(args.output) / args.tag
+    runs = {}
+    for model in args.models.split(","):
+        runs[model] = {}
+        for seed in range(args.seeds):
+            out = folder / model / f"seed{seed}"
+            train(model, seed, args, out)
+            runs[model][str(seed)] = evaluate(out, args)
+            print(f"[state_tracking] {model} seed {seed}: "
+                  + ", ".join(f"{k} {v['accuracy']:.3f}" for k, v in runs[model][str(seed)].items()), flush=True)
+    algebra = get_algebra(args.algebra)
+    settings = {"algebra": args.algebra, "length": args.length, "p": args.p, "eval_p": args.eval_p,
+                "steps": args.steps, "batch": args.batch, "d_model": args.d_model, "recipe": args.recipe,
+                "seeds": args.seeds, "test_words": args.test_words,
+                "chance": 1 / algebra.size if algebra.monoid_size == 1 else None,  # 1/|G| for a pure group
+                "description": (f"{args.algebra} words (share of non-identity group parts p = {args.p}), trained "
+                                f"{args.steps} steps x {args.batch} words of {args.length}, d_model {args.d_model}, "
+                                f"recipe {args.recipe}, {args.seeds} seeds; {args.test_words} test words per set.")}
+    results = {"command": "python tools/state_tracking.py " + shlex.join(argv), "settings": settings, "runs": runs,
+               "notes": args.notes}
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "results.json").write_text(json.dumps(results, indent=1, sort_keys=True) + "\n")
+    print(tables(results))
+    if args.page:
+        page = Path(args.page)
+        write_sweep(results, page.with_suffix(""), args.tag)
+        print(f"[state_tracking] wrote {write_page(page)}")
     return 0
 
 

@@ -21,8 +21,11 @@ Encoding (fixed; shards written with it record `ENCODING_VERSION`):
         B  | B  A  B  X
         X  | X  X  X  X
 
-- Mᵃ × G (G = A5 or S5): pairs (a, g) with id `a * |G| + g`, multiplied componentwise; id 0 is the
-  identity (E, e).
+- Mᵃ × G (G any group below): pairs (a, g) with id `a * |G| + g`, multiplied componentwise; id 0 is
+  the identity (E, e).
+- S3 (the smallest non-abelian group, solvable) and A4: numbered as S5 and A5, on (0, 1, 2) and
+  (0, 1, 2, 3).
+- Z<m> (m >= 2, e.g. Z2 = parity): the residues 0..m-1 under addition mod m; id 0 is the identity.
 """
 
 from __future__ import annotations
@@ -34,7 +37,8 @@ from dataclasses import dataclass
 import numpy as np
 
 ENCODING_VERSION = 1
-ALGEBRAS = ("S5", "A5", "Ma_A5", "Ma_S5")
+ALGEBRAS = ("S5", "A5", "Ma_A5", "Ma_S5", "S3", "A4", "Z2", "Z3", "Ma_S3", "Ma_Z2")  # Z<m>: any m >= 2
+GROUPS = {"S3": (3, False), "S5": (5, False), "A4": (4, True), "A5": (5, True)}  # name -> (degree, even only)
 APERIODIC_NAMES = ("E", "A", "B", "X")
 APERIODIC_TABLE = np.array([[0, 1, 2, 3],
                             [1, 3, 3, 3],
@@ -95,6 +99,23 @@ def permutation_table(perms: list[tuple[int, ...]]) -> np.ndarray:
     return found.astype(np.int32)
 
 
+def cyclic_table(m: int) -> np.ndarray:
+    """Cayley table of Z_m: `(a + b) mod m`."""
+    ids = np.arange(m, dtype=np.int64)
+    return ((ids[:, None] + ids[None, :]) % m).astype(np.int32)
+
+
+def group_table(name: str) -> np.ndarray:
+    """The Cayley table of one of `GROUPS` or of Z<m>; ValueError naming the known ones otherwise."""
+    if name in GROUPS:
+        degree, even = GROUPS[name]
+        return permutation_table(even_permutations(degree) if even else permutations(degree))
+    if name.startswith("Z") and name[1:].isdigit() and 2 <= int(name[1:]) <= 4096:
+        return cyclic_table(int(name[1:]))
+    raise ValueError(f"unknown algebra group {name!r}; expected one of {sorted(GROUPS)} or Z<m> (2 <= m <= 4096), "
+                     "optionally as Ma_<group>")
+
+
 def direct_product(monoid: np.ndarray, group: np.ndarray) -> np.ndarray:
     """Cayley table of M × G with ids `m * |G| + g`, multiplied componentwise."""
     n_g = group.shape[0]
@@ -104,11 +125,9 @@ def direct_product(monoid: np.ndarray, group: np.ndarray) -> np.ndarray:
 
 @functools.cache
 def get_algebra(name: str) -> Algebra:
-    """One of `ALGEBRAS`, its table computed once per process."""
-    if name not in ALGEBRAS:
-        raise ValueError(f"unknown algebra {name!r}; expected one of {ALGEBRAS}")
-    group_name = name.rsplit("_", 1)[-1]
-    group = permutation_table(permutations() if group_name == "S5" else even_permutations())
+    """A group of `GROUPS`, Z<m>, or Mᵃ × one of them (`Ma_<group>`); its table computed once per process."""
+    group_name = name.removeprefix("Ma_")
+    group = group_table(group_name)
     monoid = APERIODIC_TABLE if name.startswith("Ma_") else np.zeros((1, 1), dtype=np.int32)
     table = direct_product(monoid, group)
     table.flags.writeable = False  # shared by every caller in the process

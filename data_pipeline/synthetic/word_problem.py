@@ -34,7 +34,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from data_pipeline.synthetic.algebra import ALGEBRAS, Algebra, get_algebra
+from data_pipeline.synthetic.algebra import Algebra, get_algebra
 
 TOKEN_DTYPE = np.int16  # every algebra here has at most 480 elements
 STREAM_KEY = 1  # spawn-key tag of on-the-fly batches (shards use `SHARD_KEY` in word_problem_shards)
@@ -44,14 +44,13 @@ STREAM_KEY = 1  # spawn-key tag of on-the-fly batches (shards use `SHARD_KEY` in
 class WordProblemSpec:
     """What a set of word problems is: algebra, word length, hard-token share p and seed."""
 
-    group: str  # one of algebra.ALGEBRAS: "S5", "A5", "Ma_A5", "Ma_S5"
+    group: str  # an algebra name (algebra.get_algebra): "S5", "A5", "Ma_A5", "S3", "Z2", ...
     length: int
     p: float | None = None
     seed: int = 0
 
     def __post_init__(self) -> None:
-        if self.group not in ALGEBRAS:
-            raise ValueError(f"unknown group {self.group!r}; expected one of {ALGEBRAS}")
+        get_algebra(self.group)  # ValueError for an unknown name
         if self.length < 1:
             raise ValueError(f"length must be positive, got {self.length}")
         if self.p is not None and not 0.0 <= self.p <= 1.0:
@@ -66,6 +65,13 @@ class WordProblemSpec:
     @property
     def vocab_size(self) -> int:
         return self.algebra.size
+
+
+def from_released_p(p: float | None, group_size: int) -> float | None:
+    """The released data script's p (the probability that a group part is forced to the identity;
+    otherwise it is uniform over G, identity included) as ours (the probability of a non-identity
+    group part): both give the same distribution. None (uniform over G) stays None."""
+    return None if p is None else (1.0 - p) * (group_size - 1) / group_size
 
 
 def sample_words(algebra: Algebra, num: int, length: int, p: float | None, rng: np.random.Generator) -> np.ndarray:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 
-def _pyplot():
+def pyplot():
     import matplotlib
 
     matplotlib.use("Agg")  # files only; no display on clusters
@@ -21,7 +21,7 @@ def _centres(buckets: list[dict]) -> list[float]:
 
 def per_position_plot(extrapolation: dict, train_len: int, label: str, out: Path) -> Path:
     """Perplexity per position bucket at each evaluation length; the trained length is shaded."""
-    plt = _pyplot()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(6.4, 4.0))
     for length in sorted(extrapolation["lengths"], key=int):
         buckets = extrapolation["lengths"][length]["positions"]
@@ -32,7 +32,7 @@ def per_position_plot(extrapolation: dict, train_len: int, label: str, out: Path
 
 def passes_plot(dynamics: dict, label: str, out: Path) -> Path:
     """Solver passes per token in sequential mode against the position; simultaneous mean for scale."""
-    plt = _pyplot()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(6.4, 4.0))
     buckets = dynamics.get("passes_per_position") or []
     if buckets:
@@ -44,7 +44,7 @@ def passes_plot(dynamics: dict, label: str, out: Path) -> Path:
 
 def duality_plot(duality: dict, label: str, out: Path) -> Path:
     """Perplexity difference (sequential - simultaneous) per position bucket, as the paper's Fig. 1C."""
-    plt = _pyplot()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(6.4, 4.0))
     buckets = duality["positions"]
     ax.plot(_centres(buckets), [b["difference"] for b in buckets], marker=".")

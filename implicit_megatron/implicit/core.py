@@ -45,7 +45,7 @@ class SolverSettings:
     phantom_steps: int = 1
     damping: float = 0.8
     eval_factor: int = 4
-    gradient: str = "phantom"  # or "unrolled"
+    gradient: str = "phantom"  # or "unrolled" / "unrolled_damped" (ImplicitConfig.gradient)
     anderson: AndersonSettings = field(default_factory=AndersonSettings)
     eval_tol: float | None = None  # where a bounded phase's evaluation stops; None: at its fixed depth
     eval_rule: str = "released"  # implicit.solver.released_solve at evaluation; "solver": the training solver
@@ -127,8 +127,8 @@ class ImplicitCore(nn.Module):
             return self.backbone(z, inj, seq_idx=seq_idx)
 
         z0 = torch.zeros_like(x)
-        if s.gradient == "unrolled" and torch.is_grad_enabled():
-            return self._unrolled(f, z0)
+        if s.gradient != "phantom" and torch.is_grad_enabled():
+            return self._unrolled(f, z0, s.damping if s.gradient == "unrolled_damped" else 1.0)
         cap, tol = s.cap(self.training), s.stop_tol(self.training)
         if s.released_eval(self.training):  # the paper's evaluation; eager (shapes rarely recur)
             with parametrize.cached():
@@ -155,13 +155,14 @@ class ImplicitCore(nn.Module):
         with self._weights_once_with_gradient():
             return phantom_steps(f, z_star, s.phantom_steps, s.damping)
 
-    def _unrolled(self, f, z: torch.Tensor) -> torch.Tensor:
-        """The weight-tied ablation: backpropagation through every one of max_iter passes."""
+    def _unrolled(self, f, z: torch.Tensor, damping: float) -> torch.Tensor:
+        """Backpropagation through every one of max_iter passes: z = F(0), then z <- (1 - damping) z
+        + damping F(z). Undamped, the weight-tied ablation; damped, the released warm-up."""
         s = self.settings
-        for _ in range(s.max_iter):
+        for i in range(s.max_iter):
             f_z = f(z)
             residual = relative_residual(f_z.detach(), z.detach())
-            z = f_z
+            z = f_z if i == 0 else (1 - damping) * z + damping * f_z
         converged = residual < s.tol if s.tol is not None else torch.ones_like(residual, dtype=torch.bool)
         self.last_stats = SolverStats(0, residual, converged, phantom_passes=s.max_iter)
         return z

@@ -27,6 +27,7 @@ class LanguageModel(nn.Module):
         self.vocab_size = cfg.vocab_size
         self.padded_vocab_size = cfg.padded_vocab_size
         self.embedding = nn.Embedding(cfg.padded_vocab_size, cfg.d_model, device=device, dtype=dtype)
+        self.embedding_dropout = nn.Dropout(cfg.embedding_dropout)  # on x, before the core (released models)
         self.core = core
         self.lm_head = None
         if not cfg.tie_embeddings:
@@ -56,7 +57,7 @@ class LanguageModel(nn.Module):
         With labels (B, T) it returns the mean cross-entropy instead, computed chunk by chunk so that
         the logits of the whole batch never exist (models.loss; labels of -100 are ignored).
         """
-        x = self.embedding(input_ids)
+        x = self.embedding_dropout(self.embedding(input_ids))
         z = self.core(x) if seq_idx is None else self.core(x, seq_idx=seq_idx)
         if labels is not None:
             return linear_cross_entropy(z, self.head_weight, labels)

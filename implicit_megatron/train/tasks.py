@@ -112,11 +112,16 @@ class WordProblemTask:
     reports_accuracy = True
 
     def __init__(self, cfg: Config):
-        from data_pipeline.synthetic.word_problem import WordProblemSpec
+        from data_pipeline.synthetic.algebra import get_algebra
+        from data_pipeline.synthetic.word_problem import WordProblemSpec, from_released_p
 
         self.cfg = cfg
         w = cfg.task.word_problem
-        self.spec = WordProblemSpec(w.algebra, cfg.data.seq_len, w.p, cfg.data.seed)
+        self.p, self.eval_p = w.p, w.eval_p  # as the paper defines p
+        if w.p_convention == "released":
+            group_size = get_algebra(w.algebra).group_size
+            self.p, self.eval_p = from_released_p(w.p, group_size), from_released_p(w.eval_p, group_size)
+        self.spec = WordProblemSpec(w.algebra, cfg.data.seq_len, self.p, cfg.data.seed)
 
     def prepare(self) -> None:
         """Nothing to build: words are made on the fly."""
@@ -142,8 +147,8 @@ class WordProblemTask:
         fixed sets from seeds apart from training's, split across ranks."""
         w = self.cfg.task.word_problem
         sets = {"val": replace(self.spec, seed=self.spec.seed + 1)}
-        if w.eval_p != w.p:
-            sets[f"val_p{w.eval_p}"] = replace(self.spec, p=w.eval_p, seed=self.spec.seed + 2)
+        if w.eval_p != w.p:  # named by the value as configured
+            sets[f"val_p{w.eval_p}"] = replace(self.spec, p=self.eval_p, seed=self.spec.seed + 2)
         for length in w.eval_lengths:
             sets[f"val_len{length}"] = replace(self.spec, length=length, seed=self.spec.seed + 3)
         return {name: self._fixed_set(spec, rank, world) for name, spec in sets.items()}

@@ -1,8 +1,11 @@
-"""tools/state_tracking.py end to end at toy size: both kinds of model train through the launcher
-and the table reports every evaluation set; a finished sweep is not trained again."""
+"""tools/state_tracking.py end to end at toy size: explicit and implicit models (the implicit one by the
+released recipe: an unrolled damped warm-up phase handing off to the DEQ phase in one run) train
+through the launcher, are tested at two lengths, and the results page is written; a finished sweep
+is not trained again."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 
@@ -10,26 +13,33 @@ import pytest
 from support.processes import ROOT, child_env, free_port
 
 
-def sweep(out, *extra: str) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "tools/state_tracking.py", "--models", "explicit-1l,implicit", "--algebra", "A5",
-           "--length", "8", "--eval-lengths", "12", "--steps", "4", "--batch", "8", "--d-model", "32",
-           "--output", str(out), "task.word_problem.eval_words=16", "train.log_interval=1", "implicit.eval_factor=4",
-           *extra]
+def sweep(out, page, *extra: str) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "tools/state_tracking.py", "--models", "explicit-1l,implicit", "--algebra", "Z2",
+           "--seeds", "1", "--length", "8", "--test-lengths", "8,12", "--steps", "4", "--batch", "8",
+           "--d-model", "32", "--test-words", "8", "--recipe", "released", "--output", str(out), "--page", str(page),
+           "--sequential", "train.log_interval=1", "implicit.eval_max_iter=32", *extra]
     return subprocess.run(cmd, cwd=ROOT, env=child_env(MASTER_PORT=str(free_port())), capture_output=True, text=True,
                           timeout=600)
 
 
 @pytest.mark.slow
 def test_state_tracking_sweep(tmp_path):
-    result = sweep(tmp_path)
+    page = tmp_path / "docs" / "state_tracking.md"
+    result = sweep(tmp_path / "runs", page)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    rows = [line for line in result.stdout.splitlines() if line.startswith("| ")]
-    assert rows[0] == ("| model | train acc | acc p=0.1 L=8 | acc p=0.5 | acc L=12 | test passes (ID) | "
-                       "test passes (OOD) |")
-    explicit, implicit = rows[1].split(" | "), rows[2].split(" | ")
-    assert explicit[0] == "| explicit-1l" and implicit[0] == "| implicit"
-    assert float(explicit[-2]) == 1.0  # one pass of the explicit model
-    assert 1.0 < float(implicit[-2]) <= 128  # the fixed point decides, up to 4 x 32 passes here
-    assert all(0.0 <= float(cell) <= 1.0 for cell in explicit[1:5] + implicit[1:5])
-    again = sweep(tmp_path)
+    assert "| model | L8 | L12 | seq-L8 |" in result.stdout
+    results = json.loads((tmp_path / "runs" / "Z2-L8-released" / "results.json").read_text())
+    implicit, explicit = results["runs"]["implicit"]["0"], results["runs"]["explicit-1l"]["0"]
+    assert explicit["L12"]["passes"] == 1 and 1 < implicit["L12"]["passes"] <= 32
+    assert all(0 <= r["accuracy"] <= 1 and 0 <= r["accuracy_last"] <= 1 for r in implicit.values())
+    run = tmp_path / "runs" / "Z2-L8-released" / "implicit" / "seed0"
+    rows = map(json.loads, (run / "metrics.jsonl").read_text().splitlines())
+    steps = {r["step"]: r for r in rows if "train/loss" in r}
+    assert steps[1]["solver/iterations"] == 0  # the warm-up: every pass backpropagated, none without gradient
+    assert steps[4]["solver/iterations"] >= 1  # the DEQ phase after the handoff
+    assert (run / "checkpoints" / "latest").read_text().strip() == "deq-step4"
+    text = page.read_text()
+    assert "## Z2-L8-released: Z2, trained at length 8" in text and "--recipe released" in text
+    assert (page.parent / "state_tracking" / "Z2-L8-released-accuracy.png").is_file()
+    again = sweep(tmp_path / "runs", page)
     assert again.returncode == 0 and again.stdout.count("not trained again") == 2

@@ -110,6 +110,19 @@ curriculum:
     assert "bounded phase" in err.message
 
 
+@pytest.mark.parametrize("extra,key,words", [(", phantom_steps: 4", "phantom_steps", "set phantom_steps 0"),
+                                             (", phantom_steps: 0, tol: 0.05", "tol", "unrolled phase")])
+def test_unrolled_phase_checks(tmp_path, extra, key, words):
+    path = write(tmp_path, "phase.yaml", f"""base: {CONFIGS / 'tiny/mamba2-implicit.yaml'}
+curriculum:
+  phases:
+    - {{name: warmup, kind: unrolled, fraction: 0.5, max_iter: 4{extra}}}
+    - {{name: free, kind: free, fraction: 0.5, max_iter: 8, phantom_steps: 4, tol: 0.05}}
+""")
+    err = error_of(path)
+    assert err.key == f"curriculum.phases[0].{key}" and words in err.message
+
+
 def test_free_phase_needs_tolerance_and_fractions_add_up():
     phases = "[{name: a, kind: free, fraction: 1.0, max_iter: 8, phantom_steps: 2}]"
     assert error_of(CONFIGS / "tiny/mamba2-implicit.yaml", [f"curriculum.phases={phases}"]).key.endswith(".tol")

@@ -60,3 +60,24 @@ def test_deepspeed_config_from_ours():
     assert ds["train_batch_size"] == 512 and ds["train_micro_batch_size_per_gpu"] == 8
     assert ds["gradient_accumulation_steps"] == 2 and ds["bf16"]["enabled"] and not ds["fp16"]["enabled"]
     assert ds["zero_optimization"]["stage"] == 1 and ds["gradient_clipping"] == 1.0
+
+
+def test_released_state_tracking_schedule_is_transformers_linear_schedule():
+    """configs/state_tracking/released.yaml: 10 % warm-up, then a straight line to 0, as
+    transformers' get_linear_schedule_with_warmup (our warm-up reaches each value one step earlier);
+    the unrolled warm-up phase ends at the released 4005th step."""
+    import torch
+    from transformers import get_linear_schedule_with_warmup
+
+    from implicit_megatron.config import phase_bounds
+
+    cfg = load_config(ROOT / "configs/state_tracking/released.yaml", check_files=False)
+    total, warmup = cfg.train.steps, cfg.schedule.warmup_steps
+    assert (total, warmup) == (16384, 1639)
+    opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=cfg.optimizer.lr)
+    theirs = get_linear_schedule_with_warmup(opt, warmup, total).lr_lambdas[0]
+    for step in [*range(0, warmup, 97), *range(warmup, total, 113), total - 1]:
+        want = cfg.optimizer.lr * theirs(step + 1 if step < warmup else step)
+        assert learning_rate(step, cfg) == pytest.approx(want, rel=1e-9, abs=1e-15), step
+    assert [(p.name, p.kind, start, end) for p, start, end in phase_bounds(cfg)] == [
+        ("warmup", "unrolled", 0, 4005), ("deq", "free", 4005, 16384)]

@@ -92,8 +92,22 @@ def test_word_problem_config_checks():
         load_config(EXPLICIT, ["task.word_problem.algebra=S5"])
     with pytest.raises(ConfigError, match=r"task.word_problem.p: expected a probability"):
         load_config(EXPLICIT, ["task.word_problem.p=1.5"])
+    with pytest.raises(ConfigError, match=r"task.word_problem.algebra: unknown algebra group 'Q8'"):
+        load_config(EXPLICIT, ["task.word_problem.algebra=Q8"])
     cfg = load_config(EXPLICIT, ["data.prefixes=[]", "data.tokenizer=missing.json"])  # needs neither
     assert cfg.task.kind == "word_problem"
+
+
+def test_released_p_is_read_as_the_released_script_writes_it():
+    """Released p = 0.9 (identity forced with probability 0.9, else uniform over A5) is our
+    (1 - 0.9) x 59/60; the generated words have that share of non-identity group parts."""
+    t = task("task.word_problem.p_convention=released", "task.word_problem.p=0.9", "task.word_problem.eval_p=0.5")
+    assert t.p == pytest.approx(0.1 * 59 / 60) and t.eval_p == pytest.approx(0.5 * 59 / 60)
+    assert t.spec.p == t.p
+    words = torch.cat([t.inputs_and_targets(next(t.train_batches(0, 1, 4)))[0] for _ in range(50)])
+    hard = (torch.from_numpy(get_algebra("Ma_A5").group_part(words.numpy())) != 0).double().mean().item()
+    assert hard == pytest.approx(0.1 * 59 / 60, abs=0.02)
+    assert set(t.eval_sets(0, 1)) == {"val", "val_p0.5", "val_len24"}
 
 
 def test_language_model_targets_are_the_next_tokens():

@@ -100,3 +100,40 @@ def test_unknown_algebra():
     assert "S5" in ALGEBRAS
     with pytest.raises(ValueError, match="unknown algebra"):
         get_algebra("S6")
+
+
+@pytest.mark.parametrize("m", [2, 3, 7])
+def test_cyclic_groups_add_mod_m(m):
+    """Z_m from first principles: the residues under addition; Z2 is parity."""
+    algebra = get_algebra(f"Z{m}")
+    assert algebra.size == algebra.group_size == m and algebra.monoid_size == 1
+    for a, b in itertools.product(range(m), repeat=2):
+        assert algebra.table[a, b] == (a + b) % m
+
+
+@pytest.mark.parametrize("name,degree,even", [("S3", 3, False), ("A4", 4, True)])
+def test_small_permutation_groups_compose_as_a_then_b(name, degree, even):
+    """Every product composed by hand from the image tuples: (a · b)[i] = b[a[i]], ids in
+    lexicographic order of the tuples (even ones only for A_n)."""
+    perms = [p for p in itertools.permutations(range(degree))
+             if not even or sum(p[i] > p[j] for i, j in itertools.combinations(range(degree), 2)) % 2 == 0]
+    table = get_algebra(name).table
+    assert table.shape == (len(perms), len(perms)) and perms[0] == tuple(range(degree))
+    for x, y in itertools.product(range(len(perms)), repeat=2):
+        composed = tuple(perms[y][perms[x][i]] for i in range(degree))
+        assert perms[int(table[x, y])] == composed
+    assert any(table[x, y] != table[y, x] for x, y in itertools.product(range(len(perms)), repeat=2))  # non-abelian
+
+
+def test_aperiodic_monoid_times_a_small_group():
+    algebra, group = get_algebra("Ma_S3"), get_algebra("S3").table
+    assert algebra.size == 24 and algebra.group_size == 6
+    for a, b in itertools.product(range(24), repeat=2):
+        m, g = divmod(int(algebra.table[a, b]), 6)
+        assert m == APERIODIC_TABLE[a // 6, b // 6] and g == group[a % 6, b % 6]
+
+
+@pytest.mark.parametrize("name", ["Z1", "Z", "S4x", "Ma_Q8", "Z5000"])
+def test_unknown_names_are_refused(name):
+    with pytest.raises(ValueError, match="unknown algebra group"):
+        get_algebra(name)

@@ -124,8 +124,8 @@ def test_same_seed_same_data_other_seed_other_data():
 
 
 def test_spec_validation():
-    with pytest.raises(ValueError, match="unknown group"):
-        WordProblemSpec("Z5", 10)
+    with pytest.raises(ValueError, match="unknown algebra group"):
+        WordProblemSpec("Z1", 10)
     with pytest.raises(ValueError, match="p must be"):
         WordProblemSpec("A5", 10, p=1.5)
     with pytest.raises(ValueError, match="length"):

@@ -1,0 +1,92 @@
+"""Cross-field checks of a config's task, curriculum and tokenizer (called by config.validate).
+
+Each takes the config and validate's `fail(key, message)`, which raises a ConfigError naming the
+file and key at fault.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from implicit_megatron.config import Config
+
+
+def validate_word_problem(cfg: Config, fail) -> None:
+    from data_pipeline.synthetic.algebra import get_algebra
+
+    w = cfg.task.word_problem
+    for key in ("p", "eval_p"):
+        value = getattr(w, key)
+        if value is not None and not 0 <= value <= 1:
+            fail(f"task.word_problem.{key}", f"expected a probability in [0, 1] or null, got {value}")
+    if w.eval_words < 1 or any(length < 1 for length in w.eval_lengths):
+        fail("task.word_problem.eval_words", "evaluation sets need at least one word of at least one element")
+    try:
+        size = get_algebra(w.algebra).size
+    except ValueError as err:
+        fail("task.word_problem.algebra", str(err))
+    if cfg.model.vocab_size != size:
+        fail("model.vocab_size", f"the {w.algebra} word problem has {size} elements (inputs and labels); "
+                                 f"set model.vocab_size={size}")
+    if cfg.model.separate_documents:
+        fail("model.separate_documents", "word problems have no documents to separate")
+
+
+def validate_curriculum(cfg: Config, fail) -> None:
+    from implicit_megatron.config import phase_bounds
+
+    phases = cfg.curriculum.phases
+    names = [p.name for p in phases]
+    for i, phase in enumerate(phases):
+        key = f"curriculum.phases[{i}]"
+        if names.count(phase.name) > 1:
+            fail(f"{key}.name", f"phase name {phase.name!r} is used twice")
+        if phase.kind != "free" and phase.tol is not None:
+            fail(f"{key}.tol", f"a {phase.kind} phase runs exactly max_iter passes; remove tol {phase.tol} "
+                               "or make the phase kind 'free'")
+        if phase.kind == "free" and phase.tol is None:
+            fail(f"{key}.tol", "a free phase needs a stopping tolerance (the paper: 0.05)")
+        if phase.max_iter < 1:
+            fail(f"{key}.max_iter", f"expected at least 1, got {phase.max_iter}")
+        if phase.kind == "unrolled" and phase.phantom_steps != 0:
+            fail(f"{key}.phantom_steps", "an unrolled phase backpropagates through every pass: set phantom_steps 0")
+        if phase.kind != "unrolled" and phase.phantom_steps < 1:
+            fail(f"{key}.phantom_steps", f"expected at least 1, got {phase.phantom_steps}")
+        if not 0 < phase.fraction <= 1:
+            fail(f"{key}.fraction", f"expected a fraction in (0, 1], got {phase.fraction}")
+        own = [k for k in ("zero_stage", "micro_batch_size") if getattr(phase, k) is not None]
+        if own and cfg.curriculum.run_phase is None:
+            fail(f"{key}.{own[0]}", "a phase with its own settings needs a launch of its own: run the curriculum "
+                                    "with launch/curriculum.sh (or set curriculum.run_phase)")
+        if phase.micro_batch_size is not None and phase.micro_batch_size < 1:
+            fail(f"{key}.micro_batch_size", f"expected a positive value, got {phase.micro_batch_size}")
+        for k in ("num_nodes", "processes_per_node"):
+            if getattr(phase.launch, k) is not None and getattr(phase.launch, k) < 1:
+                fail(f"{key}.launch.{k}", f"expected a positive value, got {getattr(phase.launch, k)}")
+    if phases and not cfg.implicit.enabled:
+        fail("curriculum.phases", "a curriculum needs implicit.enabled: true")
+    if phases and abs(sum(p.fraction for p in phases) - 1) > 1e-6:
+        fail("curriculum.phases", f"fractions must add up to 1, got {sum(p.fraction for p in phases):g}")
+    for i, (phase, start, end) in enumerate(phase_bounds(cfg) if phases else []):
+        if end <= start:
+            fail(f"curriculum.phases[{i}].fraction", f"phase {phase.name!r} gets no step of train.steps "
+                                                     f"{cfg.train.steps}")
+    if cfg.curriculum.run_phase is not None and cfg.curriculum.run_phase not in names:
+        fail("curriculum.run_phase", f"no phase named {cfg.curriculum.run_phase!r}; phases: {names}")
+
+
+def validate_tokenizer(cfg: Config, fail) -> None:
+    path = Path(cfg.data.tokenizer)
+    if not path.exists():
+        fail("data.tokenizer", f"tokenizer not found: {path}")
+    from data_pipeline.tokenizer import load_tokenizer
+
+    try:
+        vocab = load_tokenizer(path).vocab_size
+    except (OSError, ValueError) as err:
+        fail("data.tokenizer", f"cannot load tokenizer {path}: {err}")
+    if cfg.model.vocab_size < vocab:
+        fail("model.vocab_size", f"{cfg.model.vocab_size} is smaller than the vocabulary of "
+                                 f"{path} ({vocab} tokens)")
