@@ -14,7 +14,6 @@ import math
 import os
 import sys
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Literal
 
 from implicit_megatron.utils.typed_yaml import (
@@ -70,6 +69,7 @@ class ModelConfig:
     # released models' (PyTorch's default Linear init, residual rescale only without weight norm)
     init: Literal["default", "released"] = "default"
     residual_in_fp32: bool = False  # each block's residual sum in at least float32 (the released models)
+    embedding_dropout: float = 0.0  # dropout on the embeddings in training (the released state-tracking model: 0.05)
     tie_embeddings: bool = True
     use_kernels: bool = True  # fused mamba_ssm / causal_conv1d / flash-attn when importable and on GPU
     separate_documents: bool = False  # packed documents share no state or attention (paper: off)
@@ -120,7 +120,8 @@ class ImplicitConfig:
     injection: bool = True  # the shared input-injection module
     weight_norm: bool = False
     weight_norm_injection: bool = False  # weight norm on the injection's Linear too (released)
-    gradient: Literal["phantom", "unrolled"] = "phantom"  # unrolled: backprop through all passes
+    # unrolled: backprop through max_iter passes; unrolled_damped: F(0), then max_iter - 1 damped passes
+    gradient: Literal["phantom", "unrolled", "unrolled_damped"] = "phantom"
     anderson: AndersonSettings = field(default_factory=AndersonSettings)
     # CUDA graphs of the passes (implicit.graphs): auto = where possible, else eager with one log line
     cuda_graphs: Literal["auto", "on", "off"] = "auto"
@@ -141,11 +142,14 @@ class WordProblemConfig:
     """State tracking (data_pipeline.synthetic.word_problem): words of data.seq_len elements, labelled
     with their prefix products at every position; made on the fly from data.seed."""
 
-    algebra: Literal["S5", "A5", "Ma_A5", "Ma_S5"] = "Ma_A5"
+    algebra: str = "Ma_A5"  # S5, A5, S3, A4, Z<m> (Z2: parity), or Ma_<group> (data_pipeline.synthetic.algebra)
     p: float | None = 0.1  # probability that a token's group part is not the identity; None: uniform over G
     eval_p: float | None = 0.5  # the out-of-distribution evaluation (paper: 0.5)
     eval_lengths: list[int] = field(default_factory=list)  # longer words, evaluated at p
     eval_words: int = 256  # words per evaluation set
+    # released: p and eval_p as the released data script writes them (the probability that a token's
+    # group part is forced to the identity, otherwise uniform over G): read as (1 - p)(|G| - 1)/|G|
+    p_convention: Literal["paper", "released"] = "paper"
 
 
 @dataclass
@@ -170,6 +174,7 @@ class ScheduleConfig:
     warmup_steps: int = 2000
     cooldown_start: float = 0.9  # fraction of train.steps (Llama: start of the free phase)
     min_lr: float = 1e-5
+    cooldown: Literal["sqrt", "linear"] = "sqrt"  # the shape of the decay to min_lr
 
 
 @dataclass
@@ -184,7 +189,9 @@ class PhaseLaunchConfig:
 @dataclass
 class PhaseConfig:
     name: str
-    kind: Literal["bounded", "free"]
+    # bounded: exactly max_iter passes; free: stops at tol; unrolled: the released warm-up, F(0) then
+    # max_iter - 1 damped passes with backpropagation through all of them (phantom_steps 0)
+    kind: Literal["bounded", "free", "unrolled"]
     fraction: float  # share of train.steps
     max_iter: int
     phantom_steps: int
@@ -221,6 +228,8 @@ class CheckpointConfig:
     on_damaged: Literal["fallback", "fail"] = "fallback"
     # no checkpoint at a step whose loss exceeds this factor x the mean of the previous 20 steps' (null: off)
     max_loss_jump: float | None = 4.0
+    # load checkpoint files that need more than the weights-only unpickler (their pickles may run code)
+    trust_pickle: bool = False
 
 
 @dataclass
@@ -303,6 +312,8 @@ def _apply_run_phase(cfg: Config, sources: dict[str, str]) -> None:
 def validate(cfg: Config, sources: dict[str, str] | None = None, world_size: int | None = None,
              check_files: bool = True) -> None:
     """Cross-field checks; raise ConfigError naming the file and key at fault."""
+    from implicit_megatron import config_checks as checks  # it reads these types
+
     sources = sources or {}
 
     def fail(key: str, message: str) -> None:
@@ -319,6 +330,8 @@ def validate(cfg: Config, sources: dict[str, str] | None = None, world_size: int
     m = cfg.model
     for key in ("d_model", "n_layers", "vocab_size", "pad_vocab_multiple"):
         positive(f"model.{key}", getattr(m, key))
+    if not 0 <= m.embedding_dropout < 1:
+        fail("model.embedding_dropout", f"expected a probability in [0, 1), got {m.embedding_dropout}")
     if m.arch == "mamba2":
         s = m.mamba2
         for key in ("d_state", "d_conv", "expand", "headdim", "ngroups", "chunk_size"):
@@ -359,7 +372,7 @@ def validate(cfg: Config, sources: dict[str, str] | None = None, world_size: int
         if cfg.distributed.activation_checkpointing:
             fail("implicit.cuda_graphs", "activation checkpointing recomputes passes during backward; "
                                          "use auto or turn distributed.activation_checkpointing off")
-    _validate_curriculum(cfg, fail)
+    checks.validate_curriculum(cfg, fail)
 
     t = cfg.train
     for key in ("steps", "global_batch_size", "micro_batch_size", "log_interval", "eval_interval"):
@@ -382,7 +395,7 @@ def validate(cfg: Config, sources: dict[str, str] | None = None, world_size: int
     positive("checkpoint.interval", cfg.checkpoint.interval)
     non_negative("checkpoint.keep_last", cfg.checkpoint.keep_last)
     if cfg.task.kind == "word_problem":
-        _validate_word_problem(cfg, fail)
+        checks.validate_word_problem(cfg, fail)
     elif not cfg.data.prefixes:
         fail("data.prefixes", "name at least one shard prefix (the output prefix of data_pipeline.preprocess)")
     if cfg.distributed.backend == "nccl" and check_files:
@@ -396,77 +409,7 @@ def validate(cfg: Config, sources: dict[str, str] | None = None, world_size: int
     if cfg.data.weights is not None and len(cfg.data.weights) != len(cfg.data.prefixes):
         fail("data.weights", f"{len(cfg.data.weights)} weights for {len(cfg.data.prefixes)} prefixes")
     if check_files and cfg.task.kind == "language_model":
-        _validate_tokenizer(cfg, fail)
-
-
-def _validate_word_problem(cfg: Config, fail) -> None:
-    from data_pipeline.synthetic.algebra import get_algebra
-
-    w = cfg.task.word_problem
-    for key in ("p", "eval_p"):
-        value = getattr(w, key)
-        if value is not None and not 0 <= value <= 1:
-            fail(f"task.word_problem.{key}", f"expected a probability in [0, 1] or null, got {value}")
-    if w.eval_words < 1 or any(length < 1 for length in w.eval_lengths):
-        fail("task.word_problem.eval_words", "evaluation sets need at least one word of at least one element")
-    size = get_algebra(w.algebra).size
-    if cfg.model.vocab_size != size:
-        fail("model.vocab_size", f"the {w.algebra} word problem has {size} elements (inputs and labels); "
-                                 f"set model.vocab_size={size}")
-    if cfg.model.separate_documents:
-        fail("model.separate_documents", "word problems have no documents to separate")
-
-
-def _validate_curriculum(cfg: Config, fail) -> None:
-    phases = cfg.curriculum.phases
-    names = [p.name for p in phases]
-    for i, phase in enumerate(phases):
-        key = f"curriculum.phases[{i}]"
-        if names.count(phase.name) > 1:
-            fail(f"{key}.name", f"phase name {phase.name!r} is used twice")
-        if phase.kind == "bounded" and phase.tol is not None:
-            fail(f"{key}.tol", f"a bounded phase runs exactly max_iter passes; remove tol {phase.tol} "
-                               "or make the phase kind 'free'")
-        if phase.kind == "free" and phase.tol is None:
-            fail(f"{key}.tol", "a free phase needs a stopping tolerance (the paper: 0.05)")
-        if phase.max_iter < 1 or phase.phantom_steps < 1:
-            fail(f"{key}.max_iter", "max_iter and phantom_steps must be at least 1")
-        if not 0 < phase.fraction <= 1:
-            fail(f"{key}.fraction", f"expected a fraction in (0, 1], got {phase.fraction}")
-        own = [k for k in ("zero_stage", "micro_batch_size") if getattr(phase, k) is not None]
-        if own and cfg.curriculum.run_phase is None:
-            fail(f"{key}.{own[0]}", "a phase with its own settings needs a launch of its own: run the curriculum "
-                                    "with launch/curriculum.sh (or set curriculum.run_phase)")
-        if phase.micro_batch_size is not None and phase.micro_batch_size < 1:
-            fail(f"{key}.micro_batch_size", f"expected a positive value, got {phase.micro_batch_size}")
-        for k in ("num_nodes", "processes_per_node"):
-            if getattr(phase.launch, k) is not None and getattr(phase.launch, k) < 1:
-                fail(f"{key}.launch.{k}", f"expected a positive value, got {getattr(phase.launch, k)}")
-    if phases and not cfg.implicit.enabled:
-        fail("curriculum.phases", "a curriculum needs implicit.enabled: true")
-    if phases and abs(sum(p.fraction for p in phases) - 1) > 1e-6:
-        fail("curriculum.phases", f"fractions must add up to 1, got {sum(p.fraction for p in phases):g}")
-    for i, (phase, start, end) in enumerate(phase_bounds(cfg) if phases else []):
-        if end <= start:
-            fail(f"curriculum.phases[{i}].fraction", f"phase {phase.name!r} gets no step of train.steps "
-                                                     f"{cfg.train.steps}")
-    if cfg.curriculum.run_phase is not None and cfg.curriculum.run_phase not in names:
-        fail("curriculum.run_phase", f"no phase named {cfg.curriculum.run_phase!r}; phases: {names}")
-
-
-def _validate_tokenizer(cfg: Config, fail) -> None:
-    path = Path(cfg.data.tokenizer)
-    if not path.exists():
-        fail("data.tokenizer", f"tokenizer not found: {path}")
-    from data_pipeline.tokenizer import load_tokenizer
-
-    try:
-        vocab = load_tokenizer(path).vocab_size
-    except (OSError, ValueError) as err:
-        fail("data.tokenizer", f"cannot load tokenizer {path}: {err}")
-    if cfg.model.vocab_size < vocab:
-        fail("model.vocab_size", f"{cfg.model.vocab_size} is smaller than the vocabulary of "
-                                 f"{path} ({vocab} tokens)")
+        checks.validate_tokenizer(cfg, fail)
 
 
 # --------------------------------------------------------------------------- phases

@@ -72,6 +72,8 @@ fi
 
 # Refuse a bad config here, before any process starts.
 outdir="$("$PYTHON" -m implicit_megatron.config "$config" "$@" --world-size "$world" --get output_dir)"
+# One run per output folder: refuse here, before this launch writes into it (rank 0 takes the lock).
+"$PYTHON" -m implicit_megatron.train.run_lock "$outdir"
 
 cores="$(nproc 2>/dev/null || echo 1)"
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-$(( cores / per_node > 0 ? cores / per_node : 1 ))}"

@@ -47,9 +47,15 @@ def main(argv: list[str] | None = None) -> int:
     uni.add_argument("ckpt_dir")
     uni.add_argument("--tag", default=None, help="checkpoint tag (default: the one 'latest' names)")
     uni.add_argument("--workers", type=int, default=4, help="processes that extract the ZeRO shards")
+    for sub in (exp, imp, uni):
+        sub.add_argument("--trust-checkpoint", action="store_true",
+                         help="load checkpoint files whose pickles need more than tensors (their code runs)")
     args = parser.parse_args(argv)
     import torch
 
+    from implicit_megatron.train import safe_load
+
+    safe_load.set_trust(args.trust_checkpoint)
     from implicit_megatron.export import export
     from implicit_megatron.import_released import export_released_from, import_released, is_released
     from implicit_megatron.import_weights import import_explicit

@@ -74,6 +74,8 @@ def parse(argv: list[str] | None):
     p.add_argument("--lm-eval-mode", default="simultaneous", choices=("simultaneous", "sequential"),
                    help="how the implicit_megatron backend scores (generation is always sequential)")
     p.add_argument("--lm-eval-max-length", type=int, default=None, help="default: the trained length")
+    p.add_argument("--trust-checkpoint", action="store_true",
+                   help="load checkpoint files whose pickles need more than tensors (their code runs)")
     return p.parse_args(argv)
 
 
@@ -83,8 +85,10 @@ def main(argv: list[str] | None = None) -> int:
     from implicit_megatron.evaluation.loading import NotAModelError
     from implicit_megatron.evaluation.phases import SolverChoice
     from implicit_megatron.evaluation.runner import EvalOptions, run_evaluation
+    from implicit_megatron.train import safe_load
     from implicit_megatron.utils.typed_yaml import ConfigError
 
+    safe_load.set_trust(args.trust_checkpoint)
     lm_eval = LmEvalOptions(tasks=args.lm_eval_tasks or list(PAPER_TASKS), include_path=args.lm_eval_include,
                             include_defaults=True if args.lm_eval_defaults else None, backend=args.lm_eval_backend,
                             batch_size=args.batch_size, max_length=args.lm_eval_max_length,

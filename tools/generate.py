@@ -33,6 +33,8 @@ def parse(argv: list[str] | None):
     p.add_argument("--max-iter", type=int, default=None, help="cap on solver passes per token")
     p.add_argument("--tol", type=float, default=None)
     p.add_argument("--device", default="cpu")
+    p.add_argument("--trust-checkpoint", action="store_true",
+                   help="load checkpoint files whose pickles need more than tensors (their code runs)")
     return p.parse_args(argv)
 
 
@@ -41,7 +43,9 @@ def main(argv: list[str] | None = None) -> int:
     from implicit_megatron.evaluation.generation import SamplingConfig, generate
     from implicit_megatron.evaluation.loading import NotAModelError, load_model
     from implicit_megatron.evaluation.phases import SolverChoice
+    from implicit_megatron.train import safe_load
 
+    safe_load.set_trust(args.trust_checkpoint)
     if args.max_new_tokens < 1:
         print("generate: --max-new-tokens must be at least 1", file=sys.stderr)
         return 2

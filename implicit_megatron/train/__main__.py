@@ -35,9 +35,25 @@ def main(argv: list[str] | None = None) -> int:
     if "RANK" not in os.environ:  # a plain `python -m` run: a world of one process, on a free port
         os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
                           MASTER_PORT=os.environ.get("MASTER_PORT") or str(_free_port()))
+    rank = int(os.environ["RANK"])
+    from implicit_megatron.train.run_lock import RunLock, RunLocked
+
+    try:  # rank 0 takes the output folder before anything is written to it
+        lock = RunLock.acquire(cfg.output_dir, log=lambda line: print(f"[train] {line}", flush=True)) \
+            if rank == 0 else None
+    except (RunLocked, OSError) as err:
+        print(f"error: {err}", file=sys.stderr, flush=True)
+        return 2
     from implicit_megatron.train.loop import Trainer
 
-    Trainer(cfg).fit()
+    try:
+        Trainer(cfg).fit()
+    except Exception as err:  # one clear line before the traceback that follows
+        print(f"error on rank {rank}: {type(err).__name__}: {err}", file=sys.stderr, flush=True)
+        raise
+    finally:
+        if lock is not None:
+            lock.release()
     return 0
 
 

@@ -19,12 +19,39 @@ import torch
 import torch.distributed as dist
 
 from implicit_megatron.config import Config
-from implicit_megatron.train.handoff import UNIVERSAL, Source, read_client_state, write_latest
-from implicit_megatron.train.integrity import step_of, tags_by_step
+from implicit_megatron.train import safe_load
+from implicit_megatron.train.handoff import (
+    UNIVERSAL,
+    Source,
+    read_client_state,
+    shape_error,
+    shape_keys_changed,
+    write_latest,
+)
+from implicit_megatron.train.integrity import read_latest, step_of, tags_by_step, write_manifest
 
 UNIVERSAL_INFO = "universal_checkpoint_info"
 CRASH_BEFORE_LATEST = "IMPLICIT_MEGATRON_CRASH_BEFORE_LATEST"  # a tag: exit after writing it, before `latest`
 PARTIAL = ".partial-"  # a tag is written under this prefix and renamed when every rank has finished
+
+
+class CheckpointSaveError(RuntimeError):
+    """A save that failed (full disk, permissions): the run stops, `latest` is untouched."""
+
+
+def _why_save_failed(err: Exception, partial: Path) -> str:
+    """One line: the cause (errno's words, or a full disk that torch reports without one) and the file."""
+    written = [p for p in partial.rglob("*") if p.is_file()] if partial.is_dir() else []
+    last = max(written, key=lambda p: p.stat().st_mtime_ns, default=None)
+    where = getattr(err, "filename", None) or last or partial
+    free = shutil.disk_usage(partial.parent).free if partial.parent.is_dir() else None
+    if isinstance(err, OSError) and err.errno is not None:
+        cause = err.strerror
+    elif free is not None and free < (1 << 20):
+        cause = f"no space left on device ({free} bytes free)"
+    else:
+        cause = str(err).strip().splitlines()[0]
+    return f"{cause} (writing {where})"
 
 
 def checkpoint_dir(cfg: Config) -> Path:
@@ -48,12 +75,26 @@ def save(engine, cfg: Config, tag: str, client_state: dict) -> Path:
     if rank == 0:
         shutil.rmtree(folder / partial, ignore_errors=True)
     dist.barrier()
-    engine.save_checkpoint(str(folder), tag=partial, client_state=client_state, save_latest=False)
-    torch.save(_rng_state(), folder / partial / f"rng_rank{rank}.pt")
-    dist.barrier()
+    failure = None
+    try:
+        engine.save_checkpoint(str(folder), tag=partial, client_state=client_state, save_latest=False)
+        torch.save(_rng_state(), folder / partial / f"rng_rank{rank}.pt")
+    except (OSError, RuntimeError) as err:  # torch reports a full disk as a RuntimeError without errno
+        failure = _why_save_failed(err, folder / partial)
+    failed = torch.tensor([failure is not None], dtype=torch.float64)
+    dist.all_reduce(failed)  # every rank stops together; none waits at a barrier for a rank that failed
+    if failed.item():
+        if rank == 0:
+            shutil.rmtree(folder / partial, ignore_errors=True)
+        previous = read_latest(folder)
+        kept = f"'latest' still names {folder / previous}, the previous complete checkpoint" if previous else \
+            "no earlier checkpoint exists"
+        raise CheckpointSaveError(f"checkpoint {tag} could not be saved into {folder}: "
+                                  f"{failure or 'another rank failed to write its files'}; {kept}")
     if os.environ.get(CRASH_BEFORE_LATEST) == tag:  # fault injection for the tests: die as a kill would
         os._exit(137)
-    if rank == 0:  # every rank has written: the tag gets its real name, then `latest` names it
+    if rank == 0:  # every rank has written: a manifest, the tag's real name, then `latest` names it
+        write_manifest(folder / partial)
         if (folder / tag).exists():  # an older copy of this step (e.g. damaged, left by a fallback)
             shutil.rmtree(folder / tag)
         os.replace(folder / partial, folder / tag)
@@ -87,8 +128,13 @@ def load(engine, cfg: Config, source: Source, fingerprint=None) -> dict:
         # The optimizer's hyperparameters come from this run's config (DeepSpeed's ZeRO-3 universal
         # load would give every parameter group the first group's weight decay); the LR is set per step.
         groups = [{k: v for k, v in g.items() if k != "params"} for g in engine.optimizer.param_groups]
-        _, client_state = engine.load_checkpoint(str(folder), tag=tag, load_optimizer_states=True,
-                                                 load_lr_scheduler_states=False)
+        try:
+            _, client_state = engine.load_checkpoint(str(folder), tag=tag, load_optimizer_states=True,
+                                                     load_lr_scheduler_states=False)
+        except RuntimeError as err:  # load_state_dict's size mismatch or missing keys
+            if shape_keys_changed(source, cfg) or "state_dict" in str(err):
+                raise shape_error(source, cfg, err) from None
+            raise
         if client_state is None:
             raise RuntimeError(f"{source.path}: DeepSpeed could not load this checkpoint")
         for group, settings in zip(engine.optimizer.param_groups, groups):
@@ -97,7 +143,7 @@ def load(engine, cfg: Config, source: Source, fingerprint=None) -> dict:
         client_state["extended"] = _check_data_signature(cfg, client_state, source.path, fingerprint)
     rng = source.path / f"rng_rank{dist.get_rank()}.pt"
     if source.resuming and source.saved.world_size == dist.get_world_size() and rng.is_file():
-        _set_rng_state(torch.load(rng, weights_only=False))
+        _set_rng_state(safe_load.load(rng))
     client_state["loaded_from"] = str(source.path)
     return client_state
 
@@ -111,7 +157,10 @@ def _check_data_signature(cfg: Config, client_state: dict, where: Path, fingerpr
     now = data_signature(cfg)
     changed = {k: (saved.get(k), v) for k, v in now.items() if saved.get(k) != v}
     consumed = int(client_state.get("consumed_samples", 0))
-    if set(changed) == {"steps"} and fingerprint is not None and "data_fingerprint" in client_state:
+    if "steps" in changed and consumed > cfg.train.steps * cfg.train.global_batch_size:
+        before, after = changed["steps"]
+        changed["steps"] = (before, f"{after} (fewer samples than the checkpoint has already seen)")
+    elif set(changed) == {"steps"} and fingerprint is not None and "data_fingerprint" in client_state:
         if fingerprint(consumed) == client_state["data_fingerprint"]:
             return True
         before, after = changed["steps"]
@@ -133,7 +182,10 @@ def _prune(folder: Path, keep_last: int, latest: str) -> None:
 
 
 def _rng_state() -> dict:
-    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    """Every generator's state in types a weights-only load builds (numpy's array as a tensor)."""
+    kind, keys, pos, has_gauss, gauss = np.random.get_state()
+    numpy_state = (kind, torch.from_numpy(keys.astype(np.int64)), int(pos), int(has_gauss), float(gauss))
+    state = {"python": random.getstate(), "numpy": numpy_state, "torch": torch.get_rng_state()}
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state()
     return state
@@ -141,7 +193,8 @@ def _rng_state() -> dict:
 
 def _set_rng_state(state: dict) -> None:
     random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
+    kind, keys, pos, has_gauss, gauss = state["numpy"]
+    np.random.set_state((kind, np.asarray(keys, dtype=np.int64).astype(np.uint32), pos, has_gauss, gauss))
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state(state["cuda"])

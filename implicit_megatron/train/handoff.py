@@ -29,6 +29,7 @@ from pathlib import Path
 import torch
 
 from implicit_megatron.config import Config
+from implicit_megatron.train import safe_load
 from implicit_megatron.train.integrity import (
     LATEST,
     MODEL_STATES,
@@ -90,7 +91,7 @@ def model_states_file(path: Path) -> Path:
 def read_client_state(path: Path) -> dict:
     """A tag's client state, memory-mapped: no tensor is read until used."""
     states = model_states_file(path)
-    saved = torch.load(states, map_location="cpu", weights_only=False, mmap=True)
+    saved = safe_load.load(states, map_location="cpu", mmap=True)
     if "config" not in saved:
         raise ValueError(f"{states}: no run config in this checkpoint; was it written by implicit_megatron.train?")
     return saved
@@ -171,6 +172,10 @@ def find_source(cfg: Config, world_size: int, tag: str | None) -> Source | None:
         source = Source(folder, tag, False, saved_layout(folder / tag), c.load_optimizer, c.load_data_state)
     else:
         return None
+    changed = shape_keys_changed(source, cfg)
+    if changed and source.load_optimizer:  # DeepSpeed's loaders would fail deep inside, or not at all
+        raise ValueError(f"{source.path}: the checkpoint's model does not fit this config's ({changed}); restore "
+                         "those settings (its weights and optimizer state load only into a model of the same shape)")
     now = Layout(world_size, cfg.distributed.zero_stage, cfg.distributed.precision)
     if not source.load_optimizer:
         source.how = "weights"
@@ -256,22 +261,22 @@ def _readable_by_every_stage(universal: Path) -> None:
 
     zero = universal / "zero"
     path = zero / "optimizer_state.pt"
-    sd = torch.load(path, weights_only=False)
+    sd = safe_load.load(path)
     if "optimizer_state_dict" in sd:  # written from ZeRO-3
         step = sd["optimizer_state_dict"]["state"][0]["step"]
         shapes = {}
-        for group in torch.load(universal / ZERO3_MODEL_STATES, map_location="cpu", weights_only=False)["param_shapes"]:
+        for group in safe_load.load(universal / ZERO3_MODEL_STATES, map_location="cpu")["param_shapes"]:
             shapes.update(group)
         for name, shape in shapes.items():
             for key in ("fp32", "exp_avg", "exp_avg_sq"):
-                tensor = torch.load(zero / name / f"{key}.pt", weights_only=False)
+                tensor = safe_load.load(zero / name / f"{key}.pt")
                 if not isinstance(tensor, dict):
                     torch.save({"param": tensor.view(shape)}, zero / name / f"{key}.pt")
             if not (zero / name / "step.pt").exists():
                 torch.save(step, zero / name / "step.pt")
     else:  # written from ZeRO-1/2: the ZeRO-3 loader reads the step from here
         step_file = next(zero.glob("*/step.pt"), None)
-        step = torch.load(step_file, weights_only=False) if step_file else 0
+        step = safe_load.load(step_file) if step_file else 0
         sd["optimizer_state_dict"] = {"state": {0: {"step": step}}, "param_groups": sd["param_groups"]}
     sd.setdefault("param_groups", sd["optimizer_state_dict"]["param_groups"])
     sd.setdefault("ds_version", deepspeed.__version__)
@@ -281,7 +286,7 @@ def _readable_by_every_stage(universal: Path) -> None:
 def consolidated_weights(path: Path, saved: Layout) -> dict[str, torch.Tensor]:
     """The full fp32 model state of a checkpoint tag, on CPU, whatever layout wrote it."""
     if saved.plain_optimizer:  # the module holds the fp32 weights themselves
-        states = torch.load(path / MODEL_STATES, map_location="cpu", weights_only=False, mmap=True)
+        states = safe_load.load(path / MODEL_STATES, map_location="cpu", mmap=True)
         return {k: v.float() for k, v in states["module"].items()}
     from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
 
@@ -327,3 +332,49 @@ def load_weights(model: torch.nn.Module, state: dict[str, torch.Tensor], where: 
             module = model.get_submodule(name.removesuffix(".weight"))
             module.weight = tensor.to(module.parametrizations.weight.original1.dtype)
     return fresh
+
+
+SHAPE_KEYS = tuple(f"model.{k}" for k in (
+    "arch", "d_model", "n_layers", "vocab_size", "pad_vocab_multiple", "tie_embeddings", "mamba2.d_state",
+    "mamba2.d_conv", "mamba2.expand", "mamba2.headdim", "mamba2.ngroups", "mamba2.bias", "mamba2.conv_bias",
+    "llama.n_heads", "llama.n_kv_heads", "llama.ffn_dim", "llama.ffn_multiple_of", "llama.attention_bias")) + (
+    "implicit.enabled", "implicit.injection", "implicit.weight_norm", "implicit.weight_norm_injection")
+# the settings that fix the model's tensors (names and shapes); a checkpoint loads only where they agree
+
+
+def shape_keys_changed(source: Source, cfg: Config) -> str:
+    """The settings that fix the model's tensors whose values differ from the checkpoint's config, as
+    'model.d_model: 64 in the checkpoint, 128 here' (empty when none differs or none is known)."""
+    if source.saved is None:
+        return ""
+    try:
+        saved = read_client_state(source.path)["config"]
+    except (OSError, ValueError, KeyError):
+        return ""
+
+    def flat(data, prefix=""):
+        items = data.items() if isinstance(data, dict) else []
+        return {k: v for key, value in items for k, v in
+                (flat(value, f"{prefix}{key}.").items() if isinstance(value, dict) else [(f"{prefix}{key}", value)])}
+
+    before, now = flat(saved), flat(cfg.to_dict())
+    keys = [k for k in SHAPE_KEYS if k in before and before[k] != now.get(k)]  # (older checkpoints lack some)
+    return "; ".join(f"{k}: {before.get(k)!r} in the checkpoint, {now.get(k)!r} here" for k in keys)
+
+
+def shape_error(source: Source, cfg: Config, err: Exception) -> ValueError:
+    """A load that failed on tensor shapes or names, explained by the config keys that differ."""
+    changed = shape_keys_changed(source, cfg)
+    detail = changed or str(err).strip().splitlines()[0]
+    return ValueError(f"{source.path}: the checkpoint's model does not fit this config's ({detail}); "
+                      "restore those settings to resume, or start from its weights in a new run")
+
+
+def load_source_weights(model: torch.nn.Module, source: Source, cfg: Config) -> list[str]:
+    """load_weights from a weights-only source; a misfit is explained by the config keys that differ."""
+    try:
+        return load_weights(model, source_weights(source), source.path)
+    except ValueError as err:
+        if shape_keys_changed(source, cfg):
+            raise shape_error(source, cfg, err) from None
+        raise

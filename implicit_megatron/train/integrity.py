@@ -1,24 +1,29 @@
 """Whether a checkpoint tag is complete and readable, and which one to fall back to.
 
 A tag is *complete* when every rank's files are present (the model-states files, the optimizer
-shards of a partitioned optimizer, one rng file per rank) and every file reads back: each is a
-zip archive (what torch.save writes) whose central directory is intact and whose records match
-the CRC-32 written with them. That catches a file cut short by a full disk or an interrupted copy
-and bytes changed on disk, before any of it is loaded. Tags are ordered by their step, so
+shards of a partitioned optimizer, one rng file per rank) and every file reads back: it has the
+size and digest its `manifest.json` records (written by the save once every rank has written),
+and its data matches the CRC-32 torch.save wrote with each zip record (tags saved before
+manifests existed are checked by those CRC-32s alone).
+That catches a file cut short by a full disk or an interrupted copy, one copied from another
+checkpoint, and bytes changed on disk, before any of it is loaded. Tags are ordered by their step, so
 "the previous complete checkpoint" is the newest complete tag with a smaller step.
 """
 
 from __future__ import annotations
 
+import json
 import re
 import zipfile
+import zlib
 from pathlib import Path
 
-import torch
+from implicit_megatron.train import safe_load
 
 LATEST = "latest"
 MODEL_STATES = "mp_rank_00_model_states.pt"  # ZeRO 0-2; ZeRO-3 writes one per rank:
 ZERO3_MODEL_STATES = "zero_pp_rank_0_mp_rank_00_model_states.pt"
+MANIFEST = "manifest.json"  # every file of a tag: size and CRC-32
 CHUNK = 1 << 24
 
 
@@ -78,7 +83,9 @@ def expected_files(tag_dir: Path, crc: bool = True) -> list[Path]:
         raise DamagedCheckpoint(tag_dir / MODEL_STATES, "is missing")
     check_file(states, crc)
     try:
-        saved = torch.load(states, map_location="cpu", weights_only=False, mmap=True)
+        saved = safe_load.load(states, map_location="cpu", mmap=True)
+    except safe_load.UnsafeCheckpoint:
+        raise
     except Exception as err:  # noqa: BLE001 - any unpickling failure means the same to the user
         raise DamagedCheckpoint(states, f"does not load ({type(err).__name__}: {err})") from None
     if not isinstance(saved, dict) or "config" not in saved:
@@ -95,12 +102,72 @@ def expected_files(tag_dir: Path, crc: bool = True) -> list[Path]:
     return files
 
 
+def file_crc32(path: Path) -> int:
+    value = 0
+    with open(path, "rb") as f:
+        while chunk := f.read(CHUNK):
+            value = zlib.crc32(chunk, value)
+    return value
+
+
+def digest(path: Path) -> str:
+    """A file's checksum without reading its data where it is torch.save's zip archive: the CRC-32 of
+    the archive's directory (every record's name, size and the CRC-32 torch wrote with it); check_file
+    then proves the data matches that directory. Other files: the CRC-32 of their bytes."""
+    try:
+        with zipfile.ZipFile(path) as archive:
+            entries = sorted((i.filename, i.file_size, i.CRC) for i in archive.infolist())
+        return f"zip-{zlib.crc32(json.dumps(entries).encode()):08x}"
+    except zipfile.BadZipFile:
+        return f"crc32-{file_crc32(path):08x}"
+
+
+def write_manifest(tag_dir: Path) -> None:
+    """What the tag holds: every file's size and digest, written once all ranks have saved; reads
+    the zip directories only, not the data."""
+    files = sorted(p for p in tag_dir.rglob("*") if p.is_file() and p.name != MANIFEST)
+    record = {str(p.relative_to(tag_dir)): {"size": p.stat().st_size, "digest": digest(p)} for p in files}
+    (tag_dir / MANIFEST).write_text(json.dumps({"version": 1, "files": record}, indent=1) + "\n")
+
+
+def check_manifest(tag_dir: Path, crc: bool) -> dict:
+    """Every file the manifest lists is there with its size and digest, and with `crc` its data
+    matches (a full read): a partly copied, swapped, truncated or changed file is named. Returns
+    the listing."""
+    try:
+        listed = json.loads((tag_dir / MANIFEST).read_text())["files"]
+    except (OSError, ValueError, KeyError) as err:
+        raise DamagedCheckpoint(tag_dir / MANIFEST, f"does not read back ({err})") from None
+    for name, record in listed.items():
+        path = tag_dir / name
+        if not path.is_file():
+            raise DamagedCheckpoint(path, "is missing")
+        if path.stat().st_size != record["size"]:
+            raise DamagedCheckpoint(path, f"is {path.stat().st_size} bytes, the manifest says {record['size']} "
+                                          "(cut short or partly copied)")
+        if record["digest"] != digest(path):
+            raise DamagedCheckpoint(path, "does not match its checksum in the manifest (another file, or changed "
+                                          "since it was saved)")
+        if crc and record["digest"].startswith("zip-"):
+            check_file(path, crc=True)  # the data against the directory the digest covers
+    return listed
+
+
 def check_tag(tag_dir: Path, crc: bool = True) -> None:
-    """Raise DamagedCheckpoint naming the first file of `tag_dir` that is missing or unreadable."""
+    """Raise DamagedCheckpoint naming the first file of `tag_dir` that is missing, cut short or changed
+    (against the tag's manifest; for tags saved without one, from the files' own zip CRCs), and
+    UnsafeCheckpoint for a file that would run code when DeepSpeed's loaders unpickle it."""
     if not tag_dir.is_dir():
         raise DamagedCheckpoint(tag_dir, "is missing")
-    for path in expected_files(tag_dir, crc)[1:]:
-        check_file(path, crc)
+    listed = check_manifest(tag_dir, crc) if (tag_dir / MANIFEST).is_file() else None
+    files = expected_files(tag_dir, crc and listed is None)
+    for path in files[1:]:
+        if listed is None:
+            check_file(path, crc)
+        elif str(path.relative_to(tag_dir)) not in listed:
+            raise DamagedCheckpoint(path, "is not in the checkpoint's manifest")
+        if crc:  # the full check, made before anything is loaded
+            safe_load.verify(path)
 
 
 def tags_by_step(folder: Path) -> list[str]:

@@ -27,7 +27,7 @@ from implicit_megatron.builder import build_model
 from implicit_megatron.config import Config, PhaseConfig, phase_bounds
 from implicit_megatron.models.lm import seq_idx_from_eod
 from implicit_megatron.models.loss import IGNORE_INDEX
-from implicit_megatron.train import checkpoint, handoff
+from implicit_megatron.train import checkpoint, handoff, safe_load
 from implicit_megatron.train.engine import build_engine, init_distributed
 from implicit_megatron.train.flops import peak_flops_per_device, step_flops
 from implicit_megatron.train.schedule import learning_rate
@@ -80,6 +80,7 @@ def mean_over_ranks(values: list[float], device: torch.device) -> list[float]:
 class Trainer:
     def __init__(self, cfg: Config):
         self.cfg = cfg
+        safe_load.set_trust(cfg.checkpoint.trust_pickle)
         init_distributed(cfg)
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
         self.task = build_task(cfg)
@@ -145,7 +146,7 @@ class Trainer:
         if shared[0]:
             raise RuntimeError(shared[0])
         if source.how in ("weights", "pretrained"):
-            fresh = handoff.load_weights(self.model, handoff.source_weights(source), source.path)
+            fresh = handoff.load_source_weights(self.model, source, self.cfg)
             if fresh:
                 self.log(f"kept the fresh initialisation of {len(fresh)} tensors: {', '.join(fresh[:4])}")
         return source
@@ -194,9 +195,13 @@ class Trainer:
         phase = self.phase_at(step)
         if phase is None or phase.name == self.progress.phase:
             return
-        self.engine.module.core.set_phase(max_iter=phase.max_iter, tol=phase.tol, phantom_steps=phase.phantom_steps)
+        gradient = "unrolled_damped" if phase.kind == "unrolled" else self.cfg.implicit.gradient
+        self.engine.module.core.set_phase(max_iter=phase.max_iter, tol=phase.tol, phantom_steps=phase.phantom_steps,
+                                          gradient=gradient)
         self.progress.phase = phase.name
-        self.log(f"phase {phase.name}: ({phase.max_iter}+{phase.phantom_steps}), tol {phase.tol}")
+        shape = f"{phase.max_iter} unrolled damped passes" if phase.kind == "unrolled" else \
+            f"({phase.max_iter}+{phase.phantom_steps}), tol {phase.tol}"
+        self.log(f"phase {phase.name}: {shape}")
 
     # ---------------------------------------------------------------- loop
 

@@ -72,7 +72,12 @@ class Tracker:
         from mlflow.entities import Metric
 
         now = int(time.time() * 1000)
-        self.client.log_batch(self.run_id, metrics=[Metric(k, float(v), now, step) for k, v in metrics.items()])
+        try:
+            self.client.log_batch(self.run_id, metrics=[Metric(k, float(v), now, step) for k, v in metrics.items()])
+        except Exception as err:  # noqa: BLE001 - a full disk or a lost server must not end the training
+            print(f"[train] warning: MLflow logging stopped at step {step} ({type(err).__name__}: "
+                  f"{str(err).splitlines()[0] if str(err) else ''}); metrics.jsonl keeps every metric", flush=True)
+            self.run_id = None
 
     def finish(self, status: str = "FINISHED") -> None:
         if self.run_id is not None:

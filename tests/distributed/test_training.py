@@ -39,10 +39,28 @@ def records(out: Path) -> dict[int, dict]:
 @pytest.mark.distributed
 @pytest.mark.parametrize("stage", [3])  # ZeRO-0, -1 and -2 train in the resume, damaged-checkpoint and handoff tests
 def test_every_zero_stage_learns(stage, shakespeare_shards, tmp_path):
+    """... and a second run on the same output folder is refused by name while the first finishes."""
     args = overrides(shakespeare_shards, tmp_path, "train.steps=30", f"distributed.zero_stage={stage}",
                      "train.eval_interval=30", "tracking.enabled=false")
-    result = run_torchrun("-m", "implicit_megatron.train", TINY, *args)
-    assert result.returncode == 0, result.stdout[-5000:]
+    first = subprocess.Popen(torchrun_command("-m", "implicit_megatron.train", TINY, *args), cwd=ROOT,
+                             env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                             start_new_session=True)
+    try:
+        deadline = time.time() + 120
+        while not (tmp_path / "run.lock").is_file():
+            assert first.poll() is None and time.time() < deadline, "the first run never took its folder"
+            time.sleep(0.1)
+        holder = json.loads((tmp_path / "run.lock").read_text())
+        second = subprocess.run([sys.executable, "-m", "implicit_megatron.train", TINY, *args], cwd=ROOT,
+                                env=child_env(), capture_output=True, text=True, timeout=120)
+        assert second.returncode == 2
+        assert f"error: {tmp_path} is in use by another run (host {holder['host']}, process {holder['pid']}" \
+            in second.stderr
+        out, _ = first.communicate(timeout=300)
+    finally:
+        kill_tree(first.pid)
+    assert first.returncode == 0, out[-5000:]
+    assert not (tmp_path / "run.lock").exists()  # released at the end
     losses = [r["train/loss"] for _, r in sorted(records(tmp_path).items())]
     assert len(losses) == 30
     assert sum(losses[-5:]) / 5 < sum(losses[:5]) / 5 - 1.0, losses

@@ -73,6 +73,15 @@ def test_plain_to_partitioned_optimizer_needs_a_weights_only_start(tmp_path):
     assert resume.how == "weights" and resume.resuming and resume.load_data_state and not resume.load_optimizer
 
 
+def test_a_resume_with_another_model_shape_names_the_keys(tmp_path):
+    fake_checkpoint(tmp_path, "bounded-step8", 1, 0)
+    with pytest.raises(ValueError, match=r"bounded-step8: the checkpoint's model does not fit this config's "
+                                         r"\(model.d_model: 64 in the checkpoint, 96 here; model.n_layers: 2 in "
+                                         r"the checkpoint, 3 here\)"):
+        source_for(tmp_path, 1, "model.d_model=96", "model.n_layers=3", "curriculum.run_phase=bounded")
+    source_for(tmp_path, 1, "model.init=released", "curriculum.run_phase=bounded")  # not a shape setting
+
+
 def test_handoff_versus_resume(tmp_path):
     fake_checkpoint(tmp_path, "bounded-step8", 2, 2)
     handoff = source_for(tmp_path, 2, "distributed.zero_stage=2", "curriculum.run_phase=free",

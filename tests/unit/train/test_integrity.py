@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -74,3 +75,40 @@ def test_a_latest_with_stray_bytes_is_refused_by_name(tmp_path):
     (tmp_path / "latest").write_bytes(b"\xff\xfe\x00garbage")
     with pytest.raises(DamagedCheckpoint, match="latest: does not hold a checkpoint tag name"):
         read_latest(tmp_path)
+
+
+def test_the_manifest_names_a_truncated_changed_swapped_or_unlisted_file(tmp_path):
+    from implicit_megatron.train.integrity import MANIFEST, write_manifest
+
+    tag = write_tag(tmp_path, "bounded-step4")
+    write_manifest(tag)
+    check_tag(tag)
+    listed = (tag / MANIFEST).read_text()
+    assert '"mp_rank_00_model_states.pt"' in listed and '"rng_rank1.pt"' in listed
+    shard = tag / "zero_pp_rank_0_mp_rank_00_optim_states.pt"
+    data = shard.read_bytes()
+
+    shard.write_bytes(data[:-10])
+    with pytest.raises(DamagedCheckpoint, match=rf"{shard.name}: is {len(data) - 10} bytes, the manifest says"):
+        check_tag(tag, crc=False)  # sizes are checked without reading a byte
+    # a whole, valid file of the same size from another checkpoint: its zip directory differs
+    other = write_tag(tmp_path / "other", "bounded-step4") / shard.name
+    assert other.stat().st_size == len(data)
+    shard.write_bytes(other.read_bytes())
+    with pytest.raises(DamagedCheckpoint, match=rf"{shard.name}: does not match its checksum in the manifest"):
+        check_tag(tag, crc=False)  # the manifest's digest needs the directory only
+    # bytes changed in the data: the full check reads them against the CRC-32s the digest covers
+    start = len(data) // 2  # inside the tensor's record
+    shard.write_bytes(data[:start] + bytes(b ^ 0xFF for b in data[start:start + 16]) + data[start + 16:])
+    check_tag(tag, crc=False)
+    with pytest.raises(DamagedCheckpoint, match=rf"{shard.name}: does not read back"):
+        check_tag(tag)
+
+    shard.write_bytes(data)
+    torch.save({"torch": torch.get_rng_state()}, tag / "rng_rank2.pt")  # beyond the manifest: ignored
+    check_tag(tag)
+    manifest = json.loads((tag / MANIFEST).read_text())
+    del manifest["files"]["rng_rank1.pt"]
+    (tag / MANIFEST).write_text(json.dumps(manifest))
+    with pytest.raises(DamagedCheckpoint, match="rng_rank1.pt: is not in the checkpoint's manifest"):
+        check_tag(tag)

@@ -1,0 +1,148 @@
+"""One run per output folder: a lock file that rank 0 takes before anything is written.
+
+Two runs on one folder would resume from the same checkpoint and interleave their saves (and race
+on `latest` and on MLflow's store). `<output_dir>/run.lock` holds the holder's host, process id,
+process start time and command. A second run is refused with a message naming the folder and the
+holder. A lock whose holder is gone (same host, no such process, or the id now belongs to a newer
+process) is stale and taken over with a log line; a lock held on another host cannot be checked
+from here, and the message says how to clear it. The lock is released when the run ends.
+
+    python -m implicit_megatron.train.run_lock OUTPUT_DIR    (exit 2 naming the holder if in use)
+
+is the check launch/pretrain.sh makes before it writes anything.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import sys
+import time
+from pathlib import Path
+
+LOCK_FILE = "run.lock"
+
+
+class RunLocked(RuntimeError):
+    """Another run holds the output folder."""
+
+
+def _stat(pid: int) -> list[str] | None:
+    """/proc/<pid>/stat after the command name: [state, ppid, ...] (Linux), None elsewhere or if gone."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+
+
+def _start_ticks(pid: int) -> int | None:
+    """The process's start time in clock ticks since boot, to tell a reused id apart."""
+    stat = _stat(pid)
+    return int(stat[19]) if stat else None  # field 22 of the whole line
+
+
+def _alive(pid: int, ticks: int | None) -> bool:
+    """Running, and the same process that wrote the lock (a killed one that nobody has reaped yet,
+    a zombie, is not running)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # someone else's process with that id
+    stat = _stat(pid)
+    if stat is None:
+        return True
+    return stat[0] not in ("Z", "X") and (ticks is None or int(stat[19]) == ticks)
+
+
+def _holder_text(holder: dict) -> str:
+    started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(holder.get("started", 0)))
+    return f"host {holder.get('host')}, process {holder.get('pid')}, started {started}: {holder.get('command', '?')}"
+
+
+def in_use(output_dir: str | Path) -> str | None:
+    """Why the folder cannot be taken now (held by a live run, or by one on another host), or None."""
+    folder = Path(output_dir)
+    path = folder / LOCK_FILE
+    holder = RunLock._read(path) if path.exists() else None
+    if holder is None:
+        return None
+    if holder.get("host") != socket.gethostname():
+        return (f"{folder} is in use by another run ({_holder_text(holder)}). If that run has ended, remove "
+                f"{path} and start again.")
+    if _alive(int(holder.get("pid", -1)), holder.get("ticks")):
+        return f"{folder} is in use by another run ({_holder_text(holder)}); wait for it to end or choose " \
+               "another train.output_dir"
+    return None
+
+
+class RunLock:
+    def __init__(self, path: Path, holder: dict):
+        self.path, self.holder = path, holder
+
+    @classmethod
+    def acquire(cls, output_dir: str | Path, log=print) -> RunLock:
+        folder = Path(output_dir)
+        folder.mkdir(parents=True, exist_ok=True)
+        path = folder / LOCK_FILE
+        me = {"host": socket.gethostname(), "pid": os.getpid(), "ticks": _start_ticks(os.getpid()),
+              "started": time.time(), "command": " ".join(sys.argv)}
+        for _ in range(5):  # each round: create, or judge the holder and maybe take a stale lock over
+            try:
+                fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+            except FileExistsError:
+                reason = in_use(folder)
+                if reason is not None:
+                    raise RunLocked(reason) from None
+                holder = cls._read(path)
+                what = _holder_text(holder) if holder else "unreadable"
+                cls._take_over(path, holder)
+                log(f"{path}: the run that held it has ended ({what}); taken over")
+                continue
+            with os.fdopen(fd, "w") as f:
+                json.dump(me, f)
+            return cls(path, me)
+        raise RunLocked(f"{folder}: could not take {path}; other runs are starting on this folder")
+
+    @classmethod
+    def _take_over(cls, path: Path, stale_holder: dict | None) -> None:
+        """Move the stale lock aside; if what was moved is not the lock judged stale (a starter
+        replaced it meanwhile), put it back."""
+        aside = path.with_name(f"{LOCK_FILE}.stale-{os.getpid()}")
+        try:
+            os.replace(path, aside)
+        except FileNotFoundError:
+            return
+        if cls._read(aside) != stale_holder:
+            os.replace(aside, path)
+        else:
+            aside.unlink(missing_ok=True)
+
+    @staticmethod
+    def _read(path: Path) -> dict | None:
+        """The holder, or None for a lock that stays unreadable (its starter died while writing it)."""
+        for _ in range(3):
+            try:
+                holder = json.loads(path.read_text())
+                return holder if isinstance(holder, dict) else None
+            except (OSError, ValueError):
+                time.sleep(0.1)  # being written right now
+        return None
+
+    def release(self) -> None:
+        """Remove the lock if it is still ours."""
+        holder = self._read(self.path) if self.path.exists() else None
+        if holder and holder.get("pid") == self.holder["pid"] and holder.get("host") == self.holder["host"]:
+            self.path.unlink(missing_ok=True)
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 2:
+        print("usage: python -m implicit_megatron.train.run_lock OUTPUT_DIR", file=sys.stderr)
+        sys.exit(2)
+    reason = in_use(sys.argv[1])
+    if reason:
+        print(f"error: {reason}", file=sys.stderr)
+    sys.exit(2 if reason else 0)

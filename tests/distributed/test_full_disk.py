@@ -1,0 +1,50 @@
+"""A save into a full filesystem stops the run with one line naming the folder and the cause, and
+leaves `latest` on the previous complete checkpoint. The filesystem is a small tmpfs mounted in a
+user namespace of the test's own (where the kernel allows unprivileged ones)."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+
+import pytest
+from support.processes import ROOT, child_env
+
+TINY = "configs/tiny/mamba2-implicit.yaml"
+TAG_MB = 45  # one checkpoint of the tiny model (its GPT-NeoX-sized embedding dominates)
+
+
+def can_mount_tmpfs(folder) -> bool:
+    if shutil.which("unshare") is None:
+        return False
+    probe = subprocess.run(["unshare", "--user", "--map-root-user", "--mount", "sh", "-c",
+                            f"mount -t tmpfs -o size=1m tmpfs {folder}"], capture_output=True)
+    return probe.returncode == 0
+
+
+@pytest.mark.distributed
+def test_a_save_into_a_full_filesystem_fails_by_name_and_keeps_latest(shakespeare_shards, tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    if not can_mount_tmpfs(out):
+        pytest.skip("this kernel does not let an unprivileged user mount a tmpfs (no user namespaces)")
+    train = [sys.executable, "-m", "implicit_megatron.train", TINY, f"data.prefixes=[{shakespeare_shards}]",
+             "data.source=null", f"train.output_dir={out}", "train.steps=12", "checkpoint.interval=6",
+             "train.eval_interval=100", "tracking.enabled=false", "distributed.zero_stage=0"]
+    inspect = (f"{sys.executable} -c \"from pathlib import Path; from implicit_megatron.train.integrity import "
+               f"check_tag; f = Path('{out}/checkpoints'); tag = (f / 'latest').read_text().strip(); "
+               f"check_tag(f / tag); print('LATEST', tag, sorted(p.name for p in f.iterdir()))\"")
+    # room for one checkpoint, not for two: the save at the phase's end (step 10) runs out of space
+    script = f"mount -t tmpfs -o size={int(TAG_MB * 1.6)}m tmpfs {out} && {{ {' '.join(train)}; echo RC=$?; }}; " \
+             f"{inspect}"
+    result = subprocess.run(["unshare", "--user", "--map-root-user", "--mount", "bash", "-c", script], cwd=ROOT,
+                            env=child_env(), capture_output=True, text=True, timeout=300)
+    assert "RC=0" not in result.stdout, result.stdout[-3000:]
+    folder = out / "checkpoints"
+    lines = [line for line in result.stderr.splitlines() if "could not be saved" in line]
+    assert lines and lines[0].startswith("error on rank 0: CheckpointSaveError: "), result.stderr[-3000:]
+    assert f"checkpoint bounded-step10 could not be saved into {folder}" in lines[0]
+    assert "no space left on device" in lines[0].lower()
+    assert f"'latest' still names {folder / 'bounded-step6'}" in lines[0]
+    assert "LATEST bounded-step6 ['bounded-step6', 'latest']" in result.stdout  # complete; no partial left
