@@ -29,6 +29,7 @@ def ensure_shards(source: str, prefix: str, tokenizer: str, valid_fraction: floa
         return
     if workers is None:
         workers = max(1, min(4, (os.cpu_count() or 2) - 1))
+    print(f"[data] building {prefix}_{{train,valid,test}} from {source} (data.source, first use)", flush=True)
     config = PreprocessConfig(inputs=[source], tokenizer=tokenizer, output_prefix=prefix,
                               workers=workers, append_eod=append_eod, valid_fraction=valid_fraction,
                               test_fraction=test_fraction, progress=progress)

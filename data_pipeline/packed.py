@@ -45,8 +45,9 @@ from typing import Any
 import numpy as np
 
 from data_pipeline.batches import DistributedBatchIterator
-from data_pipeline.indexed import document_lengths, find_shards
+from data_pipeline.indexed import find_shards
 from data_pipeline.locking import exclusive_lock
+from data_pipeline.shard_check import check_shard
 from data_pipeline.splits import SPLITS
 
 BLEND_SURPLUS = 0.005  # extra samples built per shard so the blend never runs short (megatron's default)
@@ -132,7 +133,7 @@ def _shards_with_weights(prefixes: Sequence[str], weights: Sequence[float] | Non
     for p, prefix in enumerate(prefixes):
         for shard in find_shards(prefix, split):
             shards.append(shard)
-            tokens.append(int(document_lengths(shard).sum()))
+            tokens.append(check_shard(shard).tokens)  # a shard that does not add up is refused by name
             owner.append(p)
     prefix_tokens = [sum(t for t, o in zip(tokens, owner) if o == p) for p in range(len(prefixes))]
     if weights is None:

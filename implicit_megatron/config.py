@@ -285,14 +285,15 @@ class Config:
 
 
 def load_config(path: str | os.PathLike, overrides: list[str] | tuple[str, ...] = (),
-                world_size: int | None = None, check_files: bool = True) -> Config:
-    """Read CONFIG (and its `base:` chain), apply overrides, build and validate the config."""
+                world_size: int | None = None, check_files: bool = True, check_data: bool = False) -> Config:
+    """Read CONFIG (and its `base:` chain), apply overrides, build and validate the config;
+    `check_data` (the pre-launch check, and each rank) also checks every data shard."""
     data, sources = read_yaml_chain(path)
     data, sources = apply_overrides(data, sources, list(overrides))
     cfg = build_dataclass(Config, data, sources)
     cfg.source = str(path)
     _apply_run_phase(cfg, sources)
-    validate(cfg, sources, world_size=world_size, check_files=check_files)
+    validate(cfg, sources, world_size=world_size, check_files=check_files, check_data=check_data)
     return cfg
 
 
@@ -310,7 +311,7 @@ def _apply_run_phase(cfg: Config, sources: dict[str, str]) -> None:
 
 
 def validate(cfg: Config, sources: dict[str, str] | None = None, world_size: int | None = None,
-             check_files: bool = True) -> None:
+             check_files: bool = True, check_data: bool = False) -> None:
     """Cross-field checks; raise ConfigError naming the file and key at fault."""
     from implicit_megatron import config_checks as checks  # it reads these types
 
@@ -410,6 +411,8 @@ def validate(cfg: Config, sources: dict[str, str] | None = None, world_size: int
         fail("data.weights", f"{len(cfg.data.weights)} weights for {len(cfg.data.prefixes)} prefixes")
     if check_files and cfg.task.kind == "language_model":
         checks.validate_tokenizer(cfg, fail)
+    if check_data and cfg.task.kind == "language_model":
+        checks.validate_data(cfg, fail)
 
 
 # --------------------------------------------------------------------------- phases

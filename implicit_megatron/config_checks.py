@@ -90,3 +90,40 @@ def validate_tokenizer(cfg: Config, fail) -> None:
     if cfg.model.vocab_size < vocab:
         fail("model.vocab_size", f"{cfg.model.vocab_size} is smaller than the vocabulary of "
                                  f"{path} ({vocab} tokens)")
+
+
+def builds_from_source(prefix: str) -> bool:
+    """Shards are built from data.source only into a prefix under a data/cache/ folder (as the
+    quickstart's): anywhere else a missing prefix is more likely a typo than a wish."""
+    parts = Path(prefix).resolve().parts
+    return any(parts[i:i + 2] == ("data", "cache") for i in range(len(parts) - 1))
+
+
+def validate_data(cfg: Config, fail) -> None:
+    """Every prefix has whole shards (data_pipeline.shard_check) for training, and enough tokens for
+    one sample; a missing prefix is an error unless data.source builds it."""
+    from data_pipeline.indexed import find_shards
+    from data_pipeline.shard_check import ShardError, check_shard
+
+    for i, prefix in enumerate(cfg.data.prefixes):
+        key = f"data.prefixes[{i}]"
+        for split in ("train", "valid"):
+            try:
+                shards = find_shards(prefix, split)
+            except FileNotFoundError:
+                if i == 0 and cfg.data.source is not None and builds_from_source(prefix):
+                    break  # the quickstart: tokenized from data.source on first use
+                if split == "valid":
+                    continue  # validation then reports that it has no data
+                fail(key, f"no shards for {prefix!r}: neither {prefix}_train.bin/.idx nor {prefix}_train_00000.bin/"
+                          f".idx exists. Check the path, or build them: python -m data_pipeline.preprocess --input "
+                          f"CORPUS --tokenizer {cfg.data.tokenizer} --output-prefix {prefix} --append-eod")
+            tokens = 0
+            for shard in shards:
+                try:
+                    tokens += check_shard(shard).tokens
+                except ShardError as err:
+                    fail(key, str(err))
+            if split == "train" and tokens < cfg.data.seq_len + 1:
+                fail(key, f"the train split of {prefix!r} holds {tokens} tokens, fewer than one sample "
+                          f"(data.seq_len + 1 = {cfg.data.seq_len + 1})")

@@ -30,10 +30,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if needs_own_launches(args.config, args.overrides):
             configs = phase_configs(args.config, args.overrides, world_size=args.world_size,
-                                    check_files=not args.no_file_checks)
+                                    check_files=not args.no_file_checks, check_data=not args.no_file_checks)
         else:
             configs = [load_config(args.config, args.overrides, world_size=args.world_size,
-                                   check_files=not args.no_file_checks)]
+                                   check_files=not args.no_file_checks, check_data=not args.no_file_checks)]
     except ConfigError as err:
         print(f"config error: {err}", file=sys.stderr)
         return 2

@@ -28,7 +28,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("a config file is required, e.g. configs/quickstart.yaml (overrides are optional)")
     os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
     try:
-        cfg = load_config(args.config, args.overrides, world_size=int(os.environ.get("WORLD_SIZE", "1")))
+        cfg = load_config(args.config, args.overrides, world_size=int(os.environ.get("WORLD_SIZE", "1")),
+                          check_data=True)
     except ConfigError as err:
         print(f"config error: {err}", file=sys.stderr)
         return 2

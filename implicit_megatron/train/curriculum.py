@@ -54,7 +54,7 @@ def needs_own_launches(config: str, overrides: list[str]) -> bool:
 
 
 def phase_configs(config: str, overrides: list[str], world_size: int | None = None,
-                  check_files: bool = False) -> list[Config]:
+                  check_files: bool = False, check_data: bool = False) -> list[Config]:
     """Every phase's config as its own launch will load it; a phase that names its processes is
     checked for its own data-parallel size, the others for `world_size`."""
     phases = _raw_phases(config, overrides)[0]
@@ -68,7 +68,7 @@ def phase_configs(config: str, overrides: list[str], world_size: int | None = No
             nodes = launch.get("num_nodes")
             size = (nodes if isinstance(nodes, int) else 1) * launch["processes_per_node"]
         configs.append(load_config(config, [*overrides, f"curriculum.run_phase={phase.get('name')}"],
-                                   world_size=size, check_files=check_files))
+                                   world_size=size, check_files=check_files, check_data=check_data))
     return configs
 
 

@@ -27,6 +27,15 @@ def test_bad_config_key_is_refused_before_launch(tmp_path):
     assert not any(tmp_path.iterdir())  # nothing started, nothing written
 
 
+def test_a_mistyped_data_prefix_is_refused_before_launch(shakespeare_shards, tmp_path):
+    typo = shakespeare_shards + "_typo"
+    result = pretrain("configs/tiny/mamba2-implicit.yaml", f"data.prefixes=[{typo}]", f"train.output_dir={tmp_path}")
+    assert result.returncode == 2
+    line = next(line for line in result.stderr.splitlines() if line.startswith("config error:"))
+    assert f"data.prefixes[0]: no shards for {typo!r}" in line and "data_pipeline.preprocess" in line
+    assert not any(tmp_path.iterdir()) and not list(Path(typo).parent.glob(Path(typo).name + "*"))
+
+
 def test_batch_not_divisible_by_world_size_is_refused(tmp_path):
     result = pretrain("configs/tiny/mamba2-implicit.yaml", "train.micro_batch_size=4", nproc=3)
     assert result.returncode == 2 and "4 x 3" in result.stderr

@@ -1,0 +1,92 @@
+"""Shards are checked before launch and when opened: a cut `.bin`, an edited or garbled `.idx` and a
+mistyped prefix are refused naming the file, never trained on."""
+
+from __future__ import annotations
+
+import shutil
+import struct
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from data_pipeline.indexed import document_lengths
+from data_pipeline.packed import build_packed_dataset
+from data_pipeline.shard_check import HEADER_BYTES, ShardError, check_shard
+from implicit_megatron import load_config
+from implicit_megatron.config_checks import builds_from_source
+from implicit_megatron.utils.typed_yaml import ConfigError
+
+ROOT = Path(__file__).resolve().parents[3]
+TINY = ROOT / "configs/tiny/mamba2-explicit.yaml"
+
+
+@pytest.fixture
+def shards(shakespeare_shards, tmp_path) -> str:
+    """A private copy of the bundled corpus's shards, to damage."""
+    source = Path(shakespeare_shards)
+    for path in source.parent.glob(source.name + "_*"):
+        if path.is_file():
+            shutil.copy(path, tmp_path / path.name)
+    return str(tmp_path / source.name)
+
+
+def refused_before_launch(prefix: str, *extra: str) -> ConfigError:
+    with pytest.raises(ConfigError) as info:
+        load_config(TINY, [f"data.prefixes=[{prefix}]", "data.source=null", *extra], check_data=True)
+    assert info.value.key == "data.prefixes[0]"
+    return info.value
+
+
+def refused_at_open(prefix: str) -> ShardError:
+    with pytest.raises(ShardError) as info:
+        build_packed_dataset([prefix], None, "train", seq_len=64, seed=1, num_samples=8,
+                             cache_dir=str(Path(prefix).parent / "cache"))
+    return info.value
+
+
+def test_whole_shards_pass_and_count_what_megatron_reads(shards):
+    info = check_shard(shards + "_train")
+    assert info.tokens == int(document_lengths(shards + "_train").sum()) and info.documents > 700
+    load_config(TINY, [f"data.prefixes=[{shards}]", "data.source=null"], check_data=True)
+
+
+def test_a_cut_bin_is_refused_by_name(shards):
+    data = Path(shards + "_train.bin")
+    data.write_bytes(data.read_bytes()[: data.stat().st_size // 2])
+    for err in (refused_before_launch(shards).message, str(refused_at_open(shards))):
+        assert f"{data}:" in err and "cut short" in err
+
+
+def test_an_index_with_raised_sizes_is_refused_by_name(shards):
+    idx = Path(shards + "_train.idx")
+    raw = bytearray(idx.read_bytes())
+    sequences = struct.unpack("<Q", raw[18:26])[0]
+    lengths = np.frombuffer(raw, dtype=np.int32, count=sequences, offset=HEADER_BYTES).copy() + 5000
+    raw[HEADER_BYTES:HEADER_BYTES + 4 * sequences] = lengths.tobytes()
+    idx.write_bytes(bytes(raw))
+    for err in (refused_before_launch(shards).message, str(refused_at_open(shards))):
+        assert f"{idx}: document offsets do not follow from the lengths" in err
+
+
+def test_a_garbled_index_is_refused_by_name(shards):
+    idx = Path(shards + "_train.idx")
+    raw = bytearray(idx.read_bytes())
+    raw[18:26] = bytes(range(200, 208))  # the sequence count
+    idx.write_bytes(bytes(raw))
+    for err in (refused_before_launch(shards).message, str(refused_at_open(shards))):
+        assert f"{idx}:" in err and "garbled" in err
+
+
+def test_a_mistyped_prefix_is_refused_with_or_without_a_source(shards):
+    typo = shards + "x"
+    err = refused_before_launch(typo)
+    assert f"no shards for {typo!r}" in err.message and "python -m data_pipeline.preprocess" in err.message
+    err = refused_before_launch(typo, "data.source=data/corpus/shakespeare.jsonl.zst")
+    assert f"no shards for {typo!r}" in err.message  # the corpus is built only into data/cache/
+    assert builds_from_source("data/cache/shakespeare/neox") and not builds_from_source(typo)
+
+
+def test_a_split_too_small_for_one_sample_is_refused(shards):
+    err = refused_before_launch(shards, "data.seq_len=100000000")
+    assert "holds" in err.message and "fewer than one sample" in err.message
