@@ -69,8 +69,12 @@ def _run_locked(plan: Plan) -> dict:
     shards = {split: merge_split([str(p / split) for p in parts], plan.prefix, split, plan.dtype,
                                  plan.config.max_shard_tokens) for split in SPLITS}
     stats = _stats(plan, total, total.minus(before), shards, len(parts), reused, time.monotonic() - started)
+    # An input that could not be read to its end leaves the build incomplete: a rerun (after the input
+    # is repaired) rebuilds from the parts before it instead of calling the shards finished.
+    stats["incomplete"] = bool(total.skipped.get("unreadable_file"))
     write_json_atomic(plan.stats_path, stats)
-    shutil.rmtree(plan.work_dir)
+    if not stats["incomplete"]:
+        shutil.rmtree(plan.work_dir)
     _say(plan.config, _summary(stats))
     return stats
 
@@ -83,6 +87,8 @@ def _finished_stats(plan: Plan) -> dict | None:
         stats = json.loads(plan.stats_path.read_text())
     except (OSError, ValueError):
         stats = {}
+    if stats.get("incomplete"):  # an input was unreadable: build again
+        return None
     if stats.get("fingerprint") != plan.fingerprint:
         raise PreprocessError(
             f"--output-prefix: {plan.stats_path} records shards built from other inputs or settings; "

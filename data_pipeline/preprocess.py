@@ -7,7 +7,8 @@
 Writes `{prefix}_{split}.bin/.idx` (or `{prefix}_{split}_{k:05d}.*` with --max-shard-tokens) and
 `{prefix}_stats.json`.  Rerunning an interrupted run with the same arguments resumes it.  Bad
 records are skipped and counted by reason; bad arguments stop the run before any work with exit
-status 2.
+status 2; an input that cannot be read to its end (a cut .zst/.gz/.xz) ends it with exit status 1,
+naming the file and line, after writing everything else.
 """
 
 from __future__ import annotations
@@ -49,13 +50,19 @@ def main(argv: list[str] | None = None) -> int:
         test_fraction=args.test_fraction, max_shard_tokens=args.max_shard_tokens, limit_docs=args.limit_docs,
         eod_token=args.eod_token, progress=not args.quiet)
     try:
-        run_preprocess(config)
+        stats = run_preprocess(config)
     except PreprocessError as err:
         print(f"preprocess: error: {err}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("preprocess: interrupted; rerun the same command to resume", file=sys.stderr)
         return 130
+    unreadable = stats["skipped_examples"].get("unreadable_file", [])
+    if stats["skipped"].get("unreadable_file"):  # a cut or damaged input: half a corpus is not a success
+        print(f"preprocess: error: {stats['skipped']['unreadable_file']} input(s) could not be read to the end "
+              f"({', '.join(unreadable)}): the shards hold what was read before; repair or remove the input and "
+              "rerun the same command (the inputs before it are reused)", file=sys.stderr)
+        return 1
     return 0
 
 

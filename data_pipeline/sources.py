@@ -134,14 +134,48 @@ def read_batches(spec: InputSpec, text_key: str, batch_docs: int = 512,
         yield Unreadable(f"{spec.location}:{where}", f"{type(err).__name__}: {err}")
 
 
+class ZstdFrames(io.RawIOBase):
+    """The decompressed bytes of a .zst file, frame after frame; a file that ends inside a frame (cut
+    short) raises EOFError at its end, as gzip and lzma do (zstandard's stream reader just stops)."""
+
+    def __init__(self, path: str) -> None:
+        import zstandard
+
+        self._raw = open(path, "rb")  # noqa: SIM115 - closed by close()
+        self._new = zstandard.ZstdDecompressor().decompressobj
+        self._frame = None
+        self._out = b""
+
+    def readable(self) -> bool:
+        return True
+
+    def read(self, size: int = -1) -> bytes:
+        if size is None or size < 0:
+            return b"".join(iter(lambda: self.read(READ_SIZE), b""))
+        while not self._out:
+            data = self._raw.read(READ_SIZE)
+            if not data:
+                if self._frame is not None and not self._frame.eof:
+                    raise EOFError("compressed file ended inside a zstd frame (cut short?)")
+                return b""
+            while data:
+                if self._frame is None or self._frame.eof:
+                    self._frame = self._new()
+                self._out += self._frame.decompress(data)
+                data = self._frame.unused_data if self._frame.eof else b""
+        out, self._out = self._out[:size], self._out[size:]
+        return out
+
+    def close(self) -> None:
+        self._raw.close()
+        super().close()
+
+
 def open_binary(path: str) -> io.RawIOBase:
     """A binary stream over a possibly compressed file (by suffix); `read(n)` may return less."""
     name = path.lower()
     if name.endswith(".zst"):
-        import zstandard
-
-        raw = open(path, "rb")  # noqa: SIM115 - closed together with the returned reader
-        return zstandard.ZstdDecompressor().stream_reader(raw, read_across_frames=True, closefd=True)
+        return ZstdFrames(path)
     if name.endswith(".gz"):
         return gzip.open(path, "rb")
     if name.endswith(".xz"):

@@ -13,6 +13,18 @@ ROOT = Path(__file__).resolve().parents[1]
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 
 
+@pytest.fixture(autouse=True)
+def _one_intra_op_thread():
+    """In-process tests run tiny tensors: a thread pool only adds barriers (seconds per test on a
+    busy 2-core machine). Processes the tests start get OMP_NUM_THREADS=1 from support.processes."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture(scope="session")
 def shakespeare_shards(tmp_path_factory) -> str:
     """The bundled corpus tokenized with the GPT-NeoX-20B tokenizer: a shard prefix (train/valid/test)."""

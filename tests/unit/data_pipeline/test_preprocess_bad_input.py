@@ -6,6 +6,8 @@ import gzip
 import json
 import os
 
+import pytest
+
 from data_pipeline.pipeline import PreprocessConfig, run_preprocess
 from data_pipeline.splits import SPLITS
 
@@ -110,3 +112,33 @@ def test_unknown_eod_token_exits_2_naming_it(tmp_path, run_cli, neox_path, write
                      "--eod-token", "<|no-such-token|>", "--output-prefix", str(tmp_path / "out" / "neox"))
     assert result.returncode == 2
     assert "--eod-token" in result.stderr and "<|no-such-token|>" in result.stderr
+
+
+@pytest.mark.parametrize("suffix", [".zst", ".gz"])
+def test_a_cut_compressed_input_exits_1_and_a_rerun_after_repair_equals_a_clean_run(
+        suffix, tmp_path, run_cli, neox_path, corpus):
+    import zstandard
+
+    text = "".join(json.dumps({"text": doc["text"]}) + "\n" for doc in corpus[:60]).encode()
+    whole = zstandard.ZstdCompressor().compress(text) if suffix == ".zst" else gzip.compress(text)
+    source = tmp_path / f"corpus.jsonl{suffix}"
+
+    def preprocess(prefix):
+        return run_cli("data_pipeline.preprocess", "--input", str(source), "--tokenizer", neox_path,
+                       "--output-prefix", str(prefix), "--append-eod", "--valid-fraction", "0.1", "--workers", "0",
+                       "--quiet")
+
+    source.write_bytes(whole)
+    assert preprocess(tmp_path / "clean" / "neox").returncode == 0
+    source.write_bytes(whole[: len(whole) // 2])  # an interrupted download
+    cut = preprocess(tmp_path / "out" / "neox")
+    assert cut.returncode == 1, cut.stderr
+    assert f"could not be read to the end ({source}:line " in cut.stderr and "rerun the same command" in cut.stderr
+    source.write_bytes(whole)  # repaired
+    again = preprocess(tmp_path / "out" / "neox")
+    assert again.returncode == 0, again.stderr
+    shards = sorted(p.name for p in (tmp_path / "clean").glob("neox_*") if p.suffix in (".bin", ".idx"))
+    assert shards == sorted(p.name for p in (tmp_path / "out").glob("neox_*") if p.suffix in (".bin", ".idx"))
+    assert "neox_train.bin" in shards and not (tmp_path / "out" / "neox.work").exists()
+    for name in shards:
+        assert (tmp_path / "out" / name).read_bytes() == (tmp_path / "clean" / name).read_bytes(), name

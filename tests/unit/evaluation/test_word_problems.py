@@ -18,15 +18,6 @@ SMALL = ["task.word_problem.algebra=S3", "model.vocab_size=6", "model.d_model=32
          "model.mamba2.d_state=16", "model.mamba2.chunk_size=8", "data.seq_len=16"]
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """These tensors are too small to gain from a thread pool; a busy machine makes its barriers slow."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def model_of(kind: str, *extra: str):
     torch.manual_seed(0)
     cfg = load_config(ROOT / f"configs/state_tracking/mamba2-{kind}.yaml", [*SMALL, *extra], check_files=False)
