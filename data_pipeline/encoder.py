@@ -145,9 +145,15 @@ _WORKER: tuple[Tokenizer, EncodeSettings] | None = None
 _LAST_CPU = [0.0]  # this worker's CPU time at its previous result
 
 
-def init_worker(tokenizer_path: str, eod_token: str | None, settings: EncodeSettings) -> None:
-    """Pool initializer: one tokenizer per process, single-threaded (the pool is the parallelism)."""
+def init_worker(tokenizer_path: str, eod_token: str | None, settings: EncodeSettings,
+                feeder: int | None = None) -> None:
+    """Pool initializer: one tokenizer per process, single-threaded (the pool is the parallelism);
+    the worker ends itself when `feeder` (the process that started the pool) is gone."""
     global _WORKER
+    if feeder is not None:
+        from data_pipeline.processes import exit_when_gone
+
+        exit_when_gone(feeder)
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
     _WORKER = (load_tokenizer(tokenizer_path, eod_token), settings)
     _LAST_CPU[0] = time.process_time()

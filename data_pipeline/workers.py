@@ -7,6 +7,7 @@ are not batches (input boundaries, read failures) travel through in their place 
 
 from __future__ import annotations
 
+import os
 from collections import deque
 from collections.abc import Iterable, Iterator
 from concurrent.futures import Future
@@ -36,7 +37,8 @@ class EncoderPool:
             context = multiprocessing.get_context("forkserver")
             context.set_forkserver_preload(["data_pipeline.encoder"])
             self.executor = ProcessPoolExecutor(self.workers, mp_context=context, initializer=init_worker,
-                                                initargs=(self.tokenizer.path, self.eod_token, self.settings))
+                                                initargs=(self.tokenizer.path, self.eod_token, self.settings,
+                                                          os.getpid()))
 
     def map(self, items: Iterable[object]) -> Iterator[object]:
         """Encoded results of the RawBatch items, other items as they are, all in input order."""

@@ -21,40 +21,13 @@ import sys
 import time
 from pathlib import Path
 
+from data_pipeline.processes import process_running, start_ticks
+
 LOCK_FILE = "run.lock"
 
 
 class RunLocked(RuntimeError):
     """Another run holds the output folder."""
-
-
-def _stat(pid: int) -> list[str] | None:
-    """/proc/<pid>/stat after the command name: [state, ppid, ...] (Linux), None elsewhere or if gone."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return None
-
-
-def _start_ticks(pid: int) -> int | None:
-    """The process's start time in clock ticks since boot, to tell a reused id apart."""
-    stat = _stat(pid)
-    return int(stat[19]) if stat else None  # field 22 of the whole line
-
-
-def _alive(pid: int, ticks: int | None) -> bool:
-    """Running, and the same process that wrote the lock (a killed one that nobody has reaped yet,
-    a zombie, is not running)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True  # someone else's process with that id
-    stat = _stat(pid)
-    if stat is None:
-        return True
-    return stat[0] not in ("Z", "X") and (ticks is None or int(stat[19]) == ticks)
 
 
 def _holder_text(holder: dict) -> str:
@@ -72,7 +45,7 @@ def in_use(output_dir: str | Path) -> str | None:
     if holder.get("host") != socket.gethostname():
         return (f"{folder} is in use by another run ({_holder_text(holder)}). If that run has ended, remove "
                 f"{path} and start again.")
-    if _alive(int(holder.get("pid", -1)), holder.get("ticks")):
+    if process_running(int(holder.get("pid", -1)), holder.get("ticks")):
         return f"{folder} is in use by another run ({_holder_text(holder)}); wait for it to end or choose " \
                "another train.output_dir"
     return None
@@ -87,7 +60,7 @@ class RunLock:
         folder = Path(output_dir)
         folder.mkdir(parents=True, exist_ok=True)
         path = folder / LOCK_FILE
-        me = {"host": socket.gethostname(), "pid": os.getpid(), "ticks": _start_ticks(os.getpid()),
+        me = {"host": socket.gethostname(), "pid": os.getpid(), "ticks": start_ticks(os.getpid()),
               "started": time.time(), "command": " ".join(sys.argv)}
         for _ in range(5):  # each round: create, or judge the holder and maybe take a stale lock over
             try:

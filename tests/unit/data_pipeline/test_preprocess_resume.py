@@ -1,4 +1,5 @@
-"""A run killed mid-way and rerun with the same arguments gives the bytes of an uninterrupted run."""
+"""A run killed mid-way leaves no process behind, and rerun with the same arguments gives the bytes of
+an uninterrupted run."""
 
 from __future__ import annotations
 
@@ -9,9 +10,11 @@ import subprocess
 import sys
 import time
 
+import psutil
 import pytest
 
 from data_pipeline.pipeline import PreprocessConfig, run_preprocess
+from data_pipeline.processes import process_running
 
 INPUTS = 16
 
@@ -44,9 +47,15 @@ def test_killed_run_resumes_to_identical_shards(tmp_path, corpus, neox_path, wri
         assert process.poll() is None, process.stderr.read().decode()
         assert time.monotonic() < deadline, "no input finished in time"
         time.sleep(0.005)
-    os.killpg(process.pid, signal.SIGKILL)  # the writer and its worker processes
+    helpers = psutil.Process(process.pid).children(recursive=True)  # forkserver, worker, resource tracker
+    assert any("forkserver" in " ".join(p.cmdline()) for p in helpers)
+    os.kill(process.pid, signal.SIGKILL)  # the main process alone, as a scheduler or the OOM killer would
     process.wait()
     process.stderr.close()
+    deadline = time.monotonic() + 20
+    while any(process_running(p.pid) for p in helpers):  # nothing it started outlives it
+        assert time.monotonic() < deadline, [(p.pid, p.cmdline()) for p in helpers if process_running(p.pid)]
+        time.sleep(0.1)
 
     finished = finished_parts(work)
     assert 1 <= len(finished) < INPUTS, "the kill should land mid-run"
