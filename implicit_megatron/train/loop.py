@@ -32,7 +32,7 @@ from implicit_megatron.train.engine import build_engine, init_distributed
 from implicit_megatron.train.flops import peak_flops_per_device, step_flops
 from implicit_megatron.train.schedule import learning_rate
 from implicit_megatron.train.tasks import build_task
-from implicit_megatron.train.tracking import Tracker
+from implicit_megatron.train.tracking import Tracker, append_metrics, read_metrics, validation_text
 
 NAN_LOSS_AT_STEP = "IMPLICIT_MEGATRON_NAN_LOSS_AT_STEP"  # a step (1-based) whose loss is made NaN
 LOSS_JUMP_AT_STEP = "IMPLICIT_MEGATRON_LOSS_JUMP_AT_STEP"  # a step whose reported loss is made 1000x
@@ -216,7 +216,9 @@ class Trainer:
         t = self.cfg.train
         status = "FINISHED"
         if start >= end:
-            self.log(f"already complete: step {start} of {end} (train.steps); nothing to train")
+            last = [r for r in read_metrics(out) if "val/loss" in r]
+            final = f"; the last one, at step {last[-1]['step']}: {validation_text(last[-1])}" if last else ""
+            self.log(f"already complete: step {start} of {end} (train.steps); nothing to train{final}")
             self.tracker.finish(status)
             return
         try:
@@ -401,13 +403,8 @@ class Trainer:
                                f"{last}")
 
     def summary(self) -> None:
-        ev, p = self.last_eval, self.progress
-        measure = ""
-        if "val/loss" in ev:
-            measure = (f"accuracy {ev['val/accuracy']:.4f}" if "val/accuracy" in ev else
-                       f"perplexity {ev['val/ppl']:.2f}")
-            measure = (f": validation {measure} (loss {ev['val/loss']:.4f}), {ev['val/solver_iterations']:.1f} "
-                       "solver passes per forward")
+        p = self.progress
+        measure = f": {validation_text(self.last_eval)}" if "val/loss" in self.last_eval else ""
         skipped = (f"; {p.skipped_steps} steps skipped with non-finite losses (their updates not applied)"
                    if p.skipped_steps else "")
         self.log(f"done at step {p.step}{measure}{skipped}; checkpoints in {checkpoint.checkpoint_dir(self.cfg)}")
@@ -425,8 +422,7 @@ class Trainer:
         self._watch_convergence(metrics)
         self.tracker.log(metrics, self.progress.step)
         if self.rank == 0:  # a plain record next to the checkpoints, for scripts and tests
-            with open(Path(self.cfg.output_dir) / "metrics.jsonl", "a") as handle:
-                handle.write(json.dumps({"step": self.progress.step, **metrics}) + "\n")
+            append_metrics(self.cfg.output_dir, self.progress.step, metrics)
         shown = "  ".join(f"{k.split('/')[-1]} {v:.4g}" for k, v in metrics.items())
         self.log(f"step {self.progress.step}/{self.cfg.train.steps}  {shown}")
 
@@ -486,3 +482,4 @@ class Trainer:
         (flag,) = reduce_over_ranks([1.0 if self.stop_requested else 0.0], self.engine.device, dist.ReduceOp.MAX)
         self.stop_requested = bool(flag)
         return self.stop_requested
+

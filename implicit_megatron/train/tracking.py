@@ -1,4 +1,5 @@
-"""MLflow tracking from rank 0: params (the resolved config), the config file, metrics.
+"""What a run records: MLflow from rank 0 (params: the resolved config, the config file, metrics) and
+the plain `metrics.jsonl` beside the checkpoints.
 
 By default the store is a local sqlite database in train.output_dir (no server needed; works
 offline); `tracking.uri` may name a server. The run id is kept in the output folder so that a
@@ -7,6 +8,7 @@ resumed run continues the same MLflow run.
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from pathlib import Path
@@ -14,6 +16,7 @@ from pathlib import Path
 from implicit_megatron.config import Config
 
 RUN_ID_FILE = "mlflow_run_id"
+METRICS_FILE = "metrics.jsonl"
 
 
 def flatten(data: dict, prefix: str = "") -> dict[str, str]:
@@ -82,3 +85,28 @@ class Tracker:
     def finish(self, status: str = "FINISHED") -> None:
         if self.run_id is not None:
             self.client.set_terminated(self.run_id, status=status)
+
+
+def append_metrics(output_dir: str | Path, step: int, metrics: dict[str, float]) -> None:
+    """One line of `metrics.jsonl`, the plain record next to the checkpoints (for scripts and tests)."""
+    with open(Path(output_dir) / METRICS_FILE, "a") as handle:
+        handle.write(json.dumps({"step": step, **metrics}) + "\n")
+
+
+def read_metrics(output_dir: str | Path) -> list[dict]:
+    """Every record of `metrics.jsonl` (a line cut by a kill is left out)."""
+    path = Path(output_dir) / METRICS_FILE
+    rows = []
+    for line in path.read_text().splitlines() if path.is_file() else []:
+        try:
+            rows.append(json.loads(line))
+        except ValueError:
+            continue
+    return rows
+
+
+def validation_text(ev: dict) -> str:
+    """One validation record as the run's last line gives it."""
+    measure = f"accuracy {ev['val/accuracy']:.4f}" if "val/accuracy" in ev else f"perplexity {ev['val/ppl']:.2f}"
+    passes = f", {ev['val/solver_iterations']:.1f} solver passes per forward" if "val/solver_iterations" in ev else ""
+    return f"validation {measure} (loss {ev['val/loss']:.4f}){passes}"

@@ -174,7 +174,7 @@ def test_honest_endings(shakespeare_shards, tmp_path):
     jumps gets no checkpoint; a solve that never converges is warned about; a finished run launched
     again says so."""
     never = "[{name: free, kind: free, fraction: 1.0, max_iter: 2, phantom_steps: 1, tol: 1.0e-30}]"
-    args = overrides(shakespeare_shards, tmp_path, "train.steps=4", "tracking.enabled=false", "train.eval_interval=100",
+    args = overrides(shakespeare_shards, tmp_path, "train.steps=4", "tracking.enabled=false", "train.eval_interval=2",
                      "schedule.warmup_steps=1", f"curriculum.phases={never}", "train.warn_unconverged_intervals=2",
                      "checkpoint.interval=1", "checkpoint.keep_last=5")
     result = run_torchrun("-m", "implicit_megatron.train", TINY, *args, nproc=1, IMPLICIT_MEGATRON_NAN_LOSS_AT_STEP="4",
@@ -184,10 +184,12 @@ def test_honest_endings(shakespeare_shards, tmp_path):
     assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir() if p.is_dir()) == ["free-step1", "free-step2",
                                                                                          "free-step4"]
     assert "warning: no solve has converged to tol 1e-30 in 2 log intervals in a row (step 2" in result.stdout
-    assert "done at step 4; 1 steps skipped with non-finite losses" in result.stdout
+    assert "done at step 4: validation perplexity" in result.stdout
+    assert "; 1 steps skipped with non-finite losses" in result.stdout
     assert (tmp_path / "checkpoints" / "latest").read_text().strip() == "free-step4"
     again = run_torchrun("-m", "implicit_megatron.train", TINY, *args, nproc=1)
     assert again.returncode == 0 and "already complete: step 4 of 4" in again.stdout
+    assert "the last one, at step 2: validation perplexity" in again.stdout  # its last metrics, again
 
 
 @pytest.mark.distributed
