@@ -43,7 +43,7 @@ def run_preprocess(config: PreprocessConfig) -> dict:
     with exclusive_lock(f"{plan.prefix}.lock"):
         finished = _finished_stats(plan)
         if finished is not None:
-            _say(config, f"{plan.stats_path} is already complete; nothing to do")
+            _say(f"{plan.stats_path} is already complete; nothing to do")
             return finished
         return _run_locked(plan)
 
@@ -56,6 +56,9 @@ def _run_locked(plan: Plan) -> dict:
     total = Counts()
     parts = reuse_finished(plan, total)
     reused, before = len(parts), Counts.from_dict(total.to_dict())
+    if reused:
+        _say(f"resuming {plan.prefix}: {reused} of {len(plan.specs)} inputs were finished by an earlier "
+             f"run ({total.documents} documents) and are reused")
     encoders = EncoderPool(plan.tokenizer, plan.config.eod_token, plan.settings, plan.config.workers)
     progress = Progress(plan.config.progress)
     progress.add_finished(total)
@@ -75,7 +78,7 @@ def _run_locked(plan: Plan) -> dict:
     write_json_atomic(plan.stats_path, stats)
     if not stats["incomplete"]:
         shutil.rmtree(plan.work_dir)
-    _say(plan.config, _summary(stats))
+    _say(_summary(stats))
     return stats
 
 
@@ -125,6 +128,6 @@ def _summary(stats: dict) -> str:
             f"{stats['tokens_per_worker_cpu_second']:,.0f} tokens/s); skipped: {skipped}")
 
 
-def _say(config: PreprocessConfig, message: str) -> None:
-    if config.progress:
-        print(message, file=sys.stderr)
+def _say(message: str) -> None:
+    """A line for the user (on stderr); --quiet drops the progress bar only, not these."""
+    print(message, file=sys.stderr)

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from implicit_megatron.utils.typed_yaml import (
+    COMMAND_LINE,
     ConfigError,
     apply_overrides,
     build_dataclass,
@@ -317,8 +318,11 @@ def validate(cfg: Config, sources: dict[str, str] | None = None, world_size: int
 
     sources = sources or {}
 
-    def fail(key: str, message: str) -> None:
-        raise ConfigError(source_of(sources, key) or cfg.source or "defaults", key, message)
+    def fail(key: str, message: str, *also: str) -> None:
+        """Names `key`'s source; a check over several keys (`also`) blames the command line when it set one."""
+        where = [source_of(sources, k) for k in (key, *also)]
+        source = COMMAND_LINE if COMMAND_LINE in where else where[0]
+        raise ConfigError(source or cfg.source or "defaults", key, message)
 
     def positive(key: str, value: float) -> None:
         if not value > 0 or value == math.inf:  # rejects NaN too
@@ -382,9 +386,10 @@ def validate(cfg: Config, sources: dict[str, str] | None = None, world_size: int
     if t.global_batch_size % (t.micro_batch_size * dp):
         fail("train.global_batch_size",
              f"{t.global_batch_size} is not divisible by micro_batch_size x data-parallel size "
-             f"= {t.micro_batch_size} x {dp} = {t.micro_batch_size * dp}")
+             f"= {t.micro_batch_size} x {dp} = {t.micro_batch_size * dp}", "train.micro_batch_size")
     if cfg.schedule.warmup_steps >= t.steps:
-        fail("schedule.warmup_steps", f"{cfg.schedule.warmup_steps} is not below train.steps {t.steps}")
+        fail("schedule.warmup_steps", f"{cfg.schedule.warmup_steps} is not below train.steps {t.steps}",
+             "train.steps")
     if not 0 <= cfg.schedule.cooldown_start <= 1:
         fail("schedule.cooldown_start", f"expected a fraction in [0, 1], got {cfg.schedule.cooldown_start}")
     positive("optimizer.lr", cfg.optimizer.lr)

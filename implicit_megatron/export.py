@@ -10,6 +10,7 @@ AutoModelForCausalLM loads the folder with trust_remote_code=True.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -39,6 +40,9 @@ def write_folder(out: Path, model: LanguageModel, cfg: Config, dtype: torch.dtyp
     out.mkdir(parents=True, exist_ok=True)
     tensors = {k: v.detach().to(dtype).contiguous() for k, v in model.state_dict().items()}
     save_file(tensors, str(out / MODEL_FILE), metadata={"format": "pt"})
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(out / MODEL_FILE, 0o666 & ~umask)  # safetensors writes 0600; others on a cluster must read it
     classes = f"{MODELING_FILE.removesuffix('.py')}.ImplicitMegatron"
     hf = {"architectures": ["ImplicitMegatronForCausalLM"], "model_type": "implicit_megatron",
           "auto_map": {"AutoConfig": classes + "Config", "AutoModelForCausalLM": classes + "ForCausalLM"},
@@ -77,7 +81,14 @@ def read_folder_config(folder: Path) -> Config:
     return config_from_dict(data[CONFIG_KEY], str(folder / CONFIG_FILE))
 
 
+RETIRED_KEYS = {("train", "eval_iters")}  # saved by earlier versions; validation now reads train.eval_samples
+
+
 def config_from_dict(data: dict, source: str) -> Config:
+    """The config a checkpoint or folder saved; keys earlier versions wrote and this one retired are
+    dropped, so that their checkpoints still export, evaluate and resume."""
+    data = {section: ({k: v for k, v in values.items() if (section, k) not in RETIRED_KEYS}
+                      if isinstance(values, dict) else values) for section, values in data.items()}
     cfg = build_dataclass(Config, data, {k: source for k in data})
     cfg.source = source
     return cfg

@@ -5,7 +5,7 @@
         [--max-windows N] [--sequential-windows N] [--output DIR] [--device cpu|cuda] [--dtype fp32|bf16]
         [--run RUN_DIR] [--lm-eval-tasks T1,T2] [--lm-eval-include PATH] [--lm-eval-backend implicit_megatron|hf]
 
-CHECKPOINT_OR_EXPORT is a run's checkpoints/ folder (any ZeRO stage; its `latest` tag, or --tag) or
+CHECKPOINT_OR_EXPORT is a run's checkpoints/ folder (any ZeRO stage; its `latest` tag), one tag folder in it, or
 a folder written by tools/convert_checkpoint.py export. The solver runs the (s+k) phase the weights
 were trained in (a checkpoint's tag names it; an export is taken as the end of its run), capped
 at max_iter x eval_factor passes and stopping at the phase's tolerance (a bounded phase: at

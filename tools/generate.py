@@ -49,6 +49,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.max_new_tokens < 1:
         print("generate: --max-new-tokens must be at least 1", file=sys.stderr)
         return 2
+    if args.temperature < 0:
+        print(f"generate: --temperature must be 0 (greedy) or positive, got {args.temperature}", file=sys.stderr)
+        return 2
     try:
         loaded = load_model(args.model, device=args.device, choice=SolverChoice(args.phase, args.max_iter, args.tol))
     except (NotAModelError, FileNotFoundError, ValueError) as err:

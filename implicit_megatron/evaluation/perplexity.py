@@ -8,6 +8,7 @@ kept for the inference-dynamics table.
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass, field
 
 import torch
@@ -57,12 +58,17 @@ def batch_stats(model: LanguageModel, size: int) -> BatchStats:
 
 
 @torch.no_grad()
-def token_nll(model: LanguageModel, windows: torch.Tensor, batch_size: int) -> NLLResult:
+def token_nll(model: LanguageModel, windows: torch.Tensor, batch_size: int, progress=None,
+              every: float = 30.0) -> NLLResult:
     """Per-token NLL and greedy prediction of every window (L inputs, L labels), and the solver
-    statistics of each batch."""
+    statistics of each batch; `progress(windows done)` is called at most every `every` seconds."""
     device = model.embedding.weight.device
     rows, greedy, stats = [], [], []
+    last = time.monotonic()
     for batch in batches(windows, batch_size):
+        if progress is not None and time.monotonic() - last >= every:
+            progress(sum(len(r) for r in rows))
+            last = time.monotonic()
         inputs, labels = batch[:, :-1].to(device), batch[:, 1:].to(device)
         logits = model(inputs)
         nll = F.cross_entropy(logits.float().flatten(0, 1), labels.flatten(), reduction="none")

@@ -23,6 +23,7 @@ from implicit_megatron.evaluation.duality import compare_modes
 from implicit_megatron.evaluation.dynamics import summarize
 from implicit_megatron.evaluation.lm_eval_run import LmEvalOptions, run_lm_eval
 from implicit_megatron.evaluation.loading import LoadedModel, classify, load_model
+from implicit_megatron.evaluation.merge import merge_into, remove_stale_plots
 from implicit_megatron.evaluation.perplexity import NLLResult, position_buckets, token_nll
 from implicit_megatron.evaluation.phases import SolverChoice
 from implicit_megatron.evaluation.sequential import SequentialResult, run_sequential
@@ -93,7 +94,9 @@ class Evaluation:
         if length not in self._nll:
             start = time.time()
             windows = self.windows(length, self.options.max_windows)
-            self._nll[length] = token_nll(self.loaded.model, windows, self.options.batch_size)
+            self._nll[length] = token_nll(self.loaded.model, windows, self.options.batch_size,
+                                          progress=lambda done: self.log(f"length {length}: {done}/{len(windows)} "
+                                                                         f"windows ({time.time() - start:.0f} s)"))
             self.log(f"simultaneous mode, length {length}: {len(windows)} windows, ppl "
                      f"{self._nll[length].ppl:.3f} ({time.time() - start:.1f} s)")
         return self._nll[length]
@@ -161,6 +164,8 @@ def run_evaluation(options: EvalOptions, log: Callable[[str], None] | None = Non
             results[task] = getattr(evaluation, task)()
             results["seconds"][task] = round(time.time() - start, 2)
     out = Path(options.output) if options.output else default_output(evaluation.loaded)
+    results = merge_into(out, results, log)
+    remove_stale_plots(out, results, log)
     files = write_outputs(results, out)
     results["files"] = [str(f) for f in files]
     if options.run_dir:

@@ -62,6 +62,11 @@ def test_greedy_generation_prints_passes_per_token(tiny_run):
     assert "solver passes per token on average" in result.stderr
 
 
+def test_a_negative_temperature_is_refused(tiny_run):
+    result = tool("generate", tiny_run.export, "--prompt", "x", "--temperature", "-1")
+    assert result.returncode == 2 and "--temperature must be 0 (greedy) or positive, got -1.0" in result.stderr
+
+
 def test_a_path_that_is_no_model_is_refused(tmp_path, shakespeare_shards):
     (tmp_path / "notes.txt").write_text("not a model")
     for name in ("evaluate", "generate"):

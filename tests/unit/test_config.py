@@ -99,6 +99,13 @@ def test_batch_not_divisible_by_micro_batch_times_data_parallel():
     assert "8 x 48" in err.message and err.source.endswith("parts/train/paper.yaml")
 
 
+def test_a_command_line_override_is_blamed_not_the_file_of_the_default():
+    err = error_of(CONFIGS / "mamba2/130m-explicit.yaml", ["train.micro_batch_size=24"])
+    assert err.key == "train.global_batch_size" and err.source == "command line"
+    err = error_of(CONFIGS / "tiny/mamba2-explicit.yaml", ["train.steps=3"])
+    assert err.key == "schedule.warmup_steps" and err.source == "command line"
+
+
 def test_tolerance_in_bounded_phase_is_refused(tmp_path):
     path = write(tmp_path, "phase.yaml", f"""base: {CONFIGS / 'tiny/mamba2-implicit.yaml'}
 curriculum:

@@ -65,6 +65,8 @@ def test_killed_run_resumes_to_identical_shards(tmp_path, corpus, neox_path, wri
     reused_tokens = sum(json.loads((part / "done.json").read_text())["counts"]["tokens"] for part in finished)
     result = run_cli("data_pipeline.preprocess", *arguments, "--output-prefix", str(prefix))
     assert result.returncode == 0, result.stderr
+    assert f"resuming {prefix}: {len(finished)} of {INPUTS} inputs were finished by an earlier run" in result.stderr
+    assert " documents, " in result.stderr  # the summary line, under --quiet too
     stats = json.loads((tmp_path / "resumed" / "neox_stats.json").read_text())
     assert stats["inputs_reused"] == len(finished)
     assert stats["documents"] == len(documents)

@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
+from implicit_megatron import load_config
 from implicit_megatron.evaluation.loading import NotAModelError, classify, load_model
 from implicit_megatron.evaluation.phases import SolverChoice, resolve_solver
 from implicit_megatron.evaluation.windows import check_prefix
+
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def test_checkpoint_folder_and_export_give_the_same_model(tiny_run):
@@ -21,6 +26,15 @@ def test_checkpoint_folder_and_export_give_the_same_model(tiny_run):
         assert torch.allclose(from_checkpoint.model(ids), from_export.model(ids), atol=1e-5)
     assert from_export.tokenizer.encode("ROMEO:") == from_checkpoint.tokenizer.encode("ROMEO:")
     assert classify(tiny_run.run_dir)[0] == "checkpoint"  # a run folder is read through its checkpoints/
+    assert (Path(tiny_run.export) / "model.safetensors").stat().st_mode & 0o044 == 0o044  # others can read it
+
+
+def test_a_checkpoint_saved_with_a_retired_key_still_loads(tmp_path):
+    from implicit_megatron.export import config_from_dict
+
+    saved = load_config(ROOT / "configs/tiny/mamba2-implicit.yaml", check_files=False).to_dict()
+    saved["train"]["eval_iters"] = 10  # written by earlier versions
+    assert config_from_dict(saved, "old checkpoint").train.eval_samples == saved["train"]["eval_samples"]
 
 
 def test_the_solver_follows_the_phase_and_the_overrides(tiny_run):
