@@ -99,7 +99,8 @@ def test_sets(args: argparse.Namespace) -> dict[str, tuple[int, float | None]]:
 
 
 def evaluate(out: Path, args: argparse.Namespace) -> dict[str, dict]:
-    """Every test set through the run's final checkpoint (fp32, CPU), as WordResult dicts."""
+    """Every test set through the run's final checkpoint (fp32, CPU), as WordResult dicts; kept in
+    OUT/test_results.json and reused while the checkpoint and the test settings are the same."""
     import torch
 
     from data_pipeline.synthetic.word_problem import generate
@@ -107,6 +108,11 @@ def evaluate(out: Path, args: argparse.Namespace) -> dict[str, dict]:
     from implicit_megatron.evaluation.word_problems import evaluate_words
     from implicit_megatron.export import read_checkpoint
 
+    key = {"tag": (out / "checkpoints" / "latest").read_text().strip(), "sets": test_sets(args),
+           "words": args.test_words, "sequential": args.sequential, "seed": TEST_SEED}
+    saved = out / "test_results.json"
+    if saved.is_file() and json.loads(saved.read_text()).get("key") == json.loads(json.dumps(key)):
+        return json.loads(saved.read_text())["results"]
     state, cfg = read_checkpoint(out / "checkpoints")
     model = build_model(cfg)
     model.load_state_dict(state)
@@ -117,6 +123,7 @@ def evaluate(out: Path, args: argparse.Namespace) -> dict[str, dict]:
         results[name] = evaluate_words(model, words, labels, args.eval_batch).as_dict()
         if args.sequential and length == args.length and p == args.p:
             results[f"seq-{name}"] = evaluate_words(model, words, labels, args.eval_batch, sequential=True).as_dict()
+    saved.write_text(json.dumps({"key": key, "results": results}, indent=1) + "\n")
     return results
 
 

@@ -1,7 +1,7 @@
 """tools/state_tracking.py end to end at toy size: explicit and implicit models (the implicit one by the
 released recipe: an unrolled damped warm-up phase handing off to the DEQ phase in one run) train
 through the launcher, are tested at two lengths, and the results page is written; a finished sweep
-is not trained again."""
+is not trained again (nor tested again)."""
 
 from __future__ import annotations
 
@@ -43,3 +43,5 @@ def test_state_tracking_sweep(tmp_path):
     assert (page.parent / "state_tracking" / "Z2-L8-released-accuracy.png").is_file()
     again = sweep(tmp_path / "runs", page)
     assert again.returncode == 0 and again.stdout.count("not trained again") == 2
+    rerun = json.loads((tmp_path / "runs" / "Z2-L8-released" / "results.json").read_text())
+    assert rerun["runs"] == results["runs"]  # the saved test results of each run, reused
