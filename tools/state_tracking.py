@@ -1,7 +1,7 @@
 """State tracking: train explicit and implicit Mamba2 on a word problem over seeds, test at longer words.
 
     python tools/state_tracking.py --algebra Z2 [--models explicit-1l,explicit-2l,explicit-4l,implicit]
-        [--seeds 3] [--length 64] [--test-lengths 64,256,1024] [--p 0.5] [--eval-p 0.5]
+        [--seeds 3|0,2] [--length 64] [--test-lengths 64,256,1024] [--p 0.5] [--eval-p 0.5]
         [--steps 1000] [--batch 64] [--d-model 64] [--recipe ours|released] [--sequential]
         [--test-words 256] [--nproc 1] [--output runs/state_tracking] [--page docs/results/state_tracking.md]
         [--tag NAME] [key=value ...]
@@ -131,7 +131,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", default="explicit-1l,explicit-2l,explicit-4l,implicit")
     parser.add_argument("--algebra", default="Z2", help="S5, A5, S3, A4, Z<m> (Z2: parity) or Ma_<group>")
-    parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--seeds", default="3", help="how many (0..N-1), or which, e.g. 0,2")
     parser.add_argument("--p", type=probability, default=0.5, help="share of non-identity group parts; none: uniform")
     parser.add_argument("--eval-p", type=probability, default=0.5)
     parser.add_argument("--length", type=int, default=64)
@@ -151,6 +151,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("extra", nargs="*", help="key=value overrides for every training run")
     args = parser.parse_args(argv)
     args.test_lengths = [int(n) for n in args.test_lengths.split(",") if n]
+    args.seeds = [int(s) for s in args.seeds.split(",")] if "," in args.seeds else list(range(int(args.seeds)))
     args.tag = args.tag or f"{args.algebra}-L{args.length}-{args.recipe}"
     return args
 
@@ -165,7 +166,7 @@ def main(argv: list[str] | None = None) -> int:
     runs = {}
     for model in args.models.split(","):
         runs[model] = {}
-        for seed in range(args.seeds):
+        for seed in args.seeds:
             out = folder / model / f"seed{seed}"
             train(model, seed, args, out)
             runs[model][str(seed)] = evaluate(out, args)
@@ -178,7 +179,7 @@ def main(argv: list[str] | None = None) -> int:
                 "chance": 1 / algebra.size if algebra.monoid_size == 1 else None,  # 1/|G| for a pure group
                 "description": (f"{args.algebra} words (share of non-identity group parts p = {args.p}), trained "
                                 f"{args.steps} steps x {args.batch} words of {args.length}, d_model {args.d_model}, "
-                                f"recipe {args.recipe}, {args.seeds} seeds; {args.test_words} test words per set.")}
+                                f"recipe {args.recipe}, seeds {', '.join(map(str, args.seeds))}; {args.test_words} test words per set.")}
     results = {"command": "python tools/state_tracking.py " + shlex.join(argv), "settings": settings, "runs": runs,
                "notes": args.notes}
     folder.mkdir(parents=True, exist_ok=True)
