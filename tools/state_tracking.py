@@ -179,7 +179,8 @@ def main(argv: list[str] | None = None) -> int:
                 "chance": 1 / algebra.size if algebra.monoid_size == 1 else None,  # 1/|G| for a pure group
                 "description": (f"{args.algebra} words (share of non-identity group parts p = {args.p}), trained "
                                 f"{args.steps} steps x {args.batch} words of {args.length}, d_model {args.d_model}, "
-                                f"recipe {args.recipe}, seeds {', '.join(map(str, args.seeds))}; {args.test_words} test words per set.")}
+                                f"recipe {args.recipe}, seeds {', '.join(map(str, args.seeds))}; "
+                                f"{args.test_words} test words per set.")}
     results = {"command": "python tools/state_tracking.py " + shlex.join(argv), "settings": settings, "runs": runs,
                "notes": args.notes}
     folder.mkdir(parents=True, exist_ok=True)

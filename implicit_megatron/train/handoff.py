@@ -340,6 +340,7 @@ SHAPE_KEYS = tuple(f"model.{k}" for k in (
     "llama.n_heads", "llama.n_kv_heads", "llama.ffn_dim", "llama.ffn_multiple_of", "llama.attention_bias")) + (
     "implicit.enabled", "implicit.injection", "implicit.weight_norm", "implicit.weight_norm_injection")
 # the settings that fix the model's tensors (names and shapes); a checkpoint loads only where they agree
+MISSING = object()
 
 
 def shape_keys_changed(source: Source, cfg: Config) -> str:
@@ -352,14 +353,17 @@ def shape_keys_changed(source: Source, cfg: Config) -> str:
     except (OSError, ValueError, KeyError):
         return ""
 
-    def flat(data, prefix=""):
-        items = data.items() if isinstance(data, dict) else []
-        return {k: v for key, value in items for k, v in
-                (flat(value, f"{prefix}{key}.").items() if isinstance(value, dict) else [(f"{prefix}{key}", value)])}
+    def value(data: dict, dotted: str):
+        for part in dotted.split("."):
+            if not isinstance(data, dict) or part not in data:
+                return MISSING  # a key older checkpoints lack
+            data = data[part]
+        return data
 
-    before, now = flat(saved), flat(cfg.to_dict())
-    keys = [k for k in SHAPE_KEYS if k in before and before[k] != now.get(k)]  # (older checkpoints lack some)
-    return "; ".join(f"{k}: {before.get(k)!r} in the checkpoint, {now.get(k)!r} here" for k in keys)
+    now = cfg.to_dict()
+    changed = {k: value(saved, k) for k in SHAPE_KEYS if value(saved, k) is not MISSING}
+    changed = {k: v for k, v in changed.items() if v != value(now, k)}
+    return "; ".join(f"{k}: {v!r} in the checkpoint, {value(now, k)!r} here" for k, v in changed.items())
 
 
 def shape_error(source: Source, cfg: Config, err: Exception) -> ValueError:
