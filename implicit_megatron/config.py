@@ -154,9 +154,20 @@ class WordProblemConfig:
 
 
 @dataclass
+class CatbabiConfig:
+    """catbAbI (train.catbabi_task): the bAbI stories of `folder` as one stream in windows of
+    data.seq_len + 1, the loss and accuracy on answer tokens; validation also per task."""
+
+    folder: str = "data/catbabi"  # qa<N>_*_{train,valid,test}.txt of bAbI v1.2 (en-valid-10k), or converted files
+    eval_split: Literal["valid", "test"] = "valid"
+    split_answers: bool = False  # task 19's "n,w" as two answer tokens instead of one word
+
+
+@dataclass
 class TaskConfig:
-    kind: Literal["language_model", "word_problem"] = "language_model"
+    kind: Literal["language_model", "word_problem", "catbabi"] = "language_model"
     word_problem: WordProblemConfig = field(default_factory=WordProblemConfig)
+    catbabi: CatbabiConfig = field(default_factory=CatbabiConfig)
 
 
 @dataclass
@@ -402,6 +413,8 @@ def validate(cfg: Config, sources: dict[str, str] | None = None, world_size: int
     non_negative("checkpoint.keep_last", cfg.checkpoint.keep_last)
     if cfg.task.kind == "word_problem":
         checks.validate_word_problem(cfg, fail)
+    elif cfg.task.kind == "catbabi":
+        checks.validate_catbabi(cfg, fail, check_files, check_data)
     elif not cfg.data.prefixes:
         fail("data.prefixes", "name at least one shard prefix (the output prefix of data_pipeline.preprocess)")
     if cfg.distributed.backend == "nccl" and check_files:

@@ -127,3 +127,35 @@ def validate_data(cfg: Config, fail) -> None:
             if split == "train" and tokens < cfg.data.seq_len + 1:
                 fail(key, f"the train split of {prefix!r} holds {tokens} tokens, fewer than one sample "
                           f"(data.seq_len + 1 = {cfg.data.seq_len + 1})")
+
+
+def validate_catbabi(cfg: Config, fail, check_files: bool, check_data: bool) -> None:
+    """The folder holds the train and evaluation splits (with check_files), and the model's vocabulary
+    holds every word of them and the stream fills one window (with check_data: reads the stories)."""
+    from data_pipeline.synthetic.catbabi import split_files
+
+    c = cfg.task.catbabi
+    if cfg.model.separate_documents:
+        fail("model.separate_documents", "catbAbI is one stream; the model learns where stories end from <eos>")
+    if not check_files:
+        return
+    if not Path(c.folder).is_dir():
+        fail("task.catbabi.folder", f"no folder {c.folder}: put the bAbI v1.2 task files there (README: catbAbI)")
+    for split in ("train", c.eval_split):
+        try:
+            split_files(c.folder, split)
+        except FileNotFoundError as err:
+            fail("task.catbabi.folder" if split == "train" else "task.catbabi.eval_split", str(err))
+    if not check_data:
+        return
+    from implicit_megatron.train.catbabi_task import load_vocabulary, windows
+
+    words = len(load_vocabulary(c.folder, c.split_answers))
+    if cfg.model.vocab_size < words:
+        fail("model.vocab_size", f"{cfg.model.vocab_size} is smaller than the catbAbI vocabulary of {c.folder} "
+                                 f"({words} words); set model.vocab_size >= {words}")
+    for split in ("train", c.eval_split):
+        try:
+            windows(c.folder, split, c.split_answers, cfg.data.seq_len, None)
+        except ValueError as err:
+            fail("data.seq_len", str(err))

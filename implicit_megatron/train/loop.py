@@ -28,6 +28,7 @@ from implicit_megatron.config import Config, PhaseConfig, phase_bounds
 from implicit_megatron.models.lm import seq_idx_from_eod
 from implicit_megatron.models.loss import IGNORE_INDEX
 from implicit_megatron.train import checkpoint, handoff, safe_load
+from implicit_megatron.train.catbabi_task import group_hits
 from implicit_megatron.train.engine import build_engine, init_distributed
 from implicit_megatron.train.flops import peak_flops_per_device, step_flops
 from implicit_megatron.train.schedule import learning_rate
@@ -52,7 +53,10 @@ class Progress:
 
 
 def lm_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    return F.cross_entropy(logits.float().flatten(0, 1), labels.flatten(), ignore_index=IGNORE_INDEX)
+    """Mean over the labelled positions; 0 where none is (a catbAbI window without an answer)."""
+    total = F.cross_entropy(logits.float().flatten(0, 1), labels.flatten(), ignore_index=IGNORE_INDEX,
+                            reduction="sum")
+    return total / (labels != IGNORE_INDEX).sum().clamp_min(1)
 
 
 def read_on_host(*groups: list[torch.Tensor]) -> list[list[float]]:
@@ -333,6 +337,7 @@ class Trainer:
         results = {}
         for name, batches in self.task.eval_sets(self.rank, self.world).items():
             loss_sum, correct, tokens, passes, forwards, residual, converged, samples = [0.0] * 8
+            by_group = torch.zeros(2, self.task.groups, device=self.engine.device)  # catbAbI: per task
             for batch in batches:  # sums over tokens, so that ranks with smaller batches weigh less
                 inputs, labels = (t.to(self.engine.device) for t in self.task.inputs_and_targets(batch))
                 valid = labels != IGNORE_INDEX  # padding that keeps the ranks' forwards in step
@@ -342,6 +347,9 @@ class Trainer:
                     if count:
                         loss_sum += lm_loss(logits, labels).item() * count
                         correct += self.accuracy(logits, labels).item() * count
+                    if self.task.groups:
+                        by_group += group_hits(logits, labels, self.task.accuracy_groups(batch).to(labels.device),
+                                               self.cfg.model.vocab_size, self.task.groups)
                 else:
                     loss = self.forward(inputs, labels)
                     loss_sum += loss.item() * count if count else 0.0
@@ -364,6 +372,9 @@ class Trainer:
                                 f"{name}/converged_frac": converged / samples})
             if self.task.reports_accuracy:
                 results[f"{name}/accuracy"] = correct / tokens
+            if self.task.groups:
+                results.update(self.task.group_metrics(name, reduce_over_ranks(by_group.flatten().tolist(),
+                                                                                self.engine.device)))
             else:
                 results[f"{name}/ppl"] = math.exp(min(loss, 50.0))
         self.engine.train()
@@ -375,7 +386,7 @@ class Trainer:
         (positions labelled IGNORE_INDEX not counted)."""
         valid = labels != IGNORE_INDEX
         hits = (logits[..., : self.cfg.model.vocab_size].argmax(-1) == labels) & valid
-        return hits.sum() / valid.sum()
+        return hits.sum() / valid.sum().clamp_min(1)
 
     # ---------------------------------------------------------------- outputs
 

@@ -27,6 +27,7 @@ class LanguageModelTask:
     """Packed token windows of seq_len + 1: inputs are the first seq_len tokens, targets the last."""
 
     reports_accuracy = False
+    groups = 0  # no accuracy per group of positions (catbAbI's per-task accuracy)
 
     def __init__(self, cfg: Config):
         self.cfg = cfg
@@ -44,7 +45,7 @@ class LanguageModelTask:
     def order_fingerprint(self, batches: DistributedBatchIterator, consumed: int) -> str:
         """A digest of the first `consumed` training samples' order: the tokens of 64 of them, spread
         evenly (what a resume compares to accept a raised train.steps)."""
-        return _digest(np.asarray(batches.dataset[consumed * i // FINGERPRINT_SAMPLES])
+        return order_digest(np.asarray(batches.dataset[consumed * i // FINGERPRINT_SAMPLES])
                        for i in range(FINGERPRINT_SAMPLES) if consumed)
 
     def inputs_and_targets(self, batch: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -71,12 +72,13 @@ class LanguageModelTask:
             yield torch.from_numpy(np.stack(rows[start:start + micro]))
 
 
-class WordProblemStream:
-    """Global batch k is a function of (spec, k) alone; each rank takes its micro-batches from it,
-    so the data order is the same at every world size and a resume needs only k."""
+class GlobalBatchStream:
+    """Global batch k is `make(k)` (a function of k alone, channels first: (C, global_batch, ...));
+    each rank takes its micro-batches from its share, so the data order is the same at every world
+    size and a resume needs only k."""
 
-    def __init__(self, spec, global_batch: int, micro_batch: int, rank: int, world: int):
-        self.spec, self.global_batch, self.micro_batch = spec, global_batch, micro_batch
+    def __init__(self, make, global_batch: int, micro_batch: int, rank: int, world: int):
+        self.make, self.global_batch, self.micro_batch = make, global_batch, micro_batch
         self.rank, self.world = rank, world
         self.step, self._queue = 0, []
 
@@ -84,15 +86,12 @@ class WordProblemStream:
         return self
 
     def __next__(self) -> torch.Tensor:
-        """(2, micro_batch, length): inputs and labels."""
+        """(C, micro_batch, ...): this rank's next micro-batch."""
         if not self._queue:
-            from data_pipeline.synthetic.word_problem import batch_rng, generate_words
-
-            words, labels = generate_words(self.spec, self.global_batch, batch_rng(self.spec.seed, 0, self.step))
+            every = self.make(self.step)
             self.step += 1
-            both = torch.from_numpy(np.stack([words, labels]).astype(np.int64))
             per_rank = self.global_batch // self.world
-            mine = both[:, self.rank * per_rank:(self.rank + 1) * per_rank]
+            mine = every[:, self.rank * per_rank:(self.rank + 1) * per_rank]
             self._queue = list(mine.split(self.micro_batch, dim=1))
         return self._queue.pop(0)
 
@@ -106,10 +105,25 @@ class WordProblemStream:
         self.step, self._queue = state["consumed_samples"] // self.global_batch, []
 
 
+def split_fixed_set(every: torch.Tensor, rank: int, world: int, micro_batch: int,
+                    ignored_channel: int) -> Iterator[torch.Tensor]:
+    """This rank's micro-batches of a fixed evaluation set (C, N, ...), split across ranks by stride.
+    Every rank must run as many forwards as the others (a free phase agrees on each pass over the
+    ranks): a rank with fewer rows pads with a repeated row whose `ignored_channel` is IGNORE_INDEX."""
+    mine = every[:, rank::world]
+    share = -(-every.shape[1] // world)
+    if mine.shape[1] < share:
+        filler = every[:, :1].repeat(1, share - mine.shape[1], *[1] * (every.dim() - 2))
+        filler[ignored_channel] = IGNORE_INDEX
+        mine = torch.cat([mine, filler], dim=1)
+    yield from mine.split(micro_batch, dim=1)
+
+
 class WordProblemTask:
     """Inputs are group elements, targets the prefix products at the same positions (no shift)."""
 
     reports_accuracy = True
+    groups = 0
 
     def __init__(self, cfg: Config):
         from data_pipeline.synthetic.algebra import get_algebra
@@ -126,21 +140,25 @@ class WordProblemTask:
     def prepare(self) -> None:
         """Nothing to build: words are made on the fly."""
 
-    def train_batches(self, rank: int, world: int, accum: int) -> WordProblemStream:
+    def train_batches(self, rank: int, world: int, accum: int) -> GlobalBatchStream:
         """`accum` is implied: each rank's share of the global batch, in micro-batches."""
-        return WordProblemStream(self.spec, self.cfg.train.global_batch_size, self.cfg.train.micro_batch_size,
-                                 rank, world)
+        return GlobalBatchStream(self.global_batch, self.cfg.train.global_batch_size,
+                                 self.cfg.train.micro_batch_size, rank, world)
+
+    def global_batch(self, k: int) -> torch.Tensor:
+        """(2, global_batch, length): the words and labels of global batch k."""
+        from data_pipeline.synthetic.word_problem import batch_rng, generate_words
+
+        words, labels = generate_words(self.spec, self.cfg.train.global_batch_size, batch_rng(self.spec.seed, 0, k))
+        return torch.from_numpy(np.stack([words, labels]).astype(np.int64))
 
     def inputs_and_targets(self, batch: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return batch[0], batch[1]
 
-    def order_fingerprint(self, batches: WordProblemStream, consumed: int) -> str:
+    def order_fingerprint(self, batches: GlobalBatchStream, consumed: int) -> str:
         """Words are a function of (spec, batch number) alone, whatever train.steps: the digest of the
         spec's first global batch identifies the order."""
-        from data_pipeline.synthetic.word_problem import batch_rng, generate_words
-
-        words, labels = generate_words(self.spec, self.cfg.train.global_batch_size, batch_rng(self.spec.seed, 0, 0))
-        return _digest([np.asarray(words), np.asarray(labels)])
+        return order_digest(self.global_batch(0).numpy())
 
     def eval_sets(self, rank: int, world: int) -> dict[str, Iterator[torch.Tensor]]:
         """In distribution (val), at eval_p (val_p{eval_p}), and at each longer length (val_len{L}):
@@ -158,23 +176,20 @@ class WordProblemTask:
 
         words, labels = generate(spec.group, self.cfg.task.word_problem.eval_words, spec.length, spec.p, spec.seed)
         every = torch.from_numpy(np.stack([words, labels]).astype(np.int64))
-        mine = every[:, rank::world]
-        # Every rank must run as many forwards as the others (a free phase agrees on each pass over
-        # the ranks): a rank with fewer words pads with a repeated word whose labels are ignored.
-        share = -(-every.shape[1] // world)
-        if mine.shape[1] < share:
-            filler = every[:, :1].repeat(1, share - mine.shape[1], 1)
-            filler[1] = IGNORE_INDEX
-            mine = torch.cat([mine, filler], dim=1)
-        yield from mine.split(self.cfg.train.micro_batch_size, dim=1)
+        return split_fixed_set(every, rank, world, self.cfg.train.micro_batch_size, ignored_channel=1)
 
 
-def _digest(arrays) -> str:
+def order_digest(arrays) -> str:
     digest = hashlib.sha256()
     for array in arrays:
         digest.update(np.ascontiguousarray(array, dtype=np.int64).tobytes())
     return digest.hexdigest()
 
 
-def build_task(cfg: Config) -> LanguageModelTask | WordProblemTask:
+def build_task(cfg: Config):
+    """The task of `task.kind`: LanguageModelTask, WordProblemTask or catbabi_task.CatbabiTask."""
+    if cfg.task.kind == "catbabi":
+        from implicit_megatron.train.catbabi_task import CatbabiTask
+
+        return CatbabiTask(cfg)
     return WordProblemTask(cfg) if cfg.task.kind == "word_problem" else LanguageModelTask(cfg)
