@@ -3,8 +3,8 @@
     python tools/state_tracking.py --algebra Z2 [--models explicit-1l,explicit-2l,explicit-4l,implicit]
         [--seeds 3|0,2] [--length 64] [--test-lengths 64,256,1024] [--p 0.5] [--eval-p 0.5]
         [--steps 1000] [--batch 64] [--d-model 64] [--recipe ours|released] [--sequential]
-        [--test-words 256] [--nproc 1] [--output runs/state_tracking] [--page docs/results/state_tracking.md]
-        [--tag NAME] [key=value ...]
+        [--test-words 256] [--nproc 1] [--precision fp32|bf16] [--device cuda|cpu]
+        [--output runs/state_tracking] [--page docs/results/state_tracking.md] [--tag NAME] [key=value ...]
 
 Each model is a config of configs/state_tracking/ (explicit-Nl: mamba2-explicit[-Nl].yaml; implicit:
 mamba2-implicit.yaml, one layer self-iterated; with --recipe released, released.yaml: the released
@@ -16,7 +16,15 @@ implicit model iterates until the batch's relative change is below its tolerance
 evaluation cap) and the converged share; --sequential adds token-by-token evaluation at the
 training length (the released final metric). It prints the tables and writes OUTPUT/TAG/results.json;
 --page also saves the sweep beside the page (<page stem>/TAG.json and two PNGs) and rebuilds the page
-from every sweep saved there. Extra key=value arguments go to every training run.
+from every sweep saved there. Extra key=value arguments go to every training run. Tables give
+mean ± sd over seeds and the 95 % bootstrap interval of the mean.
+
+The paper's experiment (fig. 3: Ma x A5 at length 256, p = 0.1, tested at p = 0.5 and at 1024;
+the released model's widths; 10 seeds), for a GPU machine:
+
+    python tools/state_tracking.py --algebra Ma_A5 --seeds 10 --length 256 --p 0.1 --eval-p 0.5 \
+        --test-lengths 256,1024 --test-words 1024 --d-model 256 --batch 512 --steps 16384 \
+        --nproc 1 --precision bf16 --tag Ma_A5-L256-paper --page docs/results/state_tracking.md
 """
 
 from __future__ import annotations
@@ -67,7 +75,7 @@ def overrides(args: argparse.Namespace, model: str, out: Path, seed: int) -> lis
               f"train.micro_batch_size={args.batch // args.nproc}", f"model.d_model={args.d_model}",
               f"model.mamba2.headdim={min(64, args.d_model // 2)}", f"train.eval_interval={args.steps}",
               f"checkpoint.interval={args.steps}", f"schedule.warmup_steps={warmup}", "tracking.enabled=false",
-              "distributed.precision=fp32", f"train.seed={seed}", f"data.seed={1234 + seed}"]
+              f"distributed.precision={args.precision}", f"train.seed={seed}", f"data.seed={1234 + seed}"]
     if args.recipe == "released" and model == "implicit":
         result.append(f"schedule.cooldown_start={warmup / args.steps}")
     return [*result, *args.extra]
@@ -99,8 +107,8 @@ def test_sets(args: argparse.Namespace) -> dict[str, tuple[int, float | None]]:
 
 
 def evaluate(out: Path, args: argparse.Namespace) -> dict[str, dict]:
-    """Every test set through the run's final checkpoint (fp32, CPU), as WordResult dicts; kept in
-    OUT/test_results.json and reused while the checkpoint and the test settings are the same."""
+    """Every test set through the run's final checkpoint (fp32, on --device), as WordResult dicts; kept
+    in OUT/test_results.json and reused while the checkpoint and the test settings are the same."""
     import torch
 
     from data_pipeline.synthetic.word_problem import generate
@@ -116,6 +124,7 @@ def evaluate(out: Path, args: argparse.Namespace) -> dict[str, dict]:
     state, cfg = read_checkpoint(out / "checkpoints")
     model = build_model(cfg)
     model.load_state_dict(state)
+    model.to(args.device)
     results = {}
     for i, (name, (length, p)) in enumerate(test_sets(args).items()):
         words, labels = (torch.from_numpy(a.astype("int64")) for a in
@@ -143,7 +152,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--d-model", type=int, default=64)
     parser.add_argument("--recipe", choices=("ours", "released"), default="ours")
     parser.add_argument("--sequential", action="store_true", help="also token by token at the training length")
-    parser.add_argument("--nproc", type=int, default=1)
+    parser.add_argument("--nproc", type=int, default=1, help="training processes per run (GPUs on a GPU machine)")
+    parser.add_argument("--precision", choices=("fp32", "bf16"), default="fp32", help="training precision")
+    parser.add_argument("--device", default=None, help="where the tests run (default: cuda if present, else cpu)")
     parser.add_argument("--output", default=str(ROOT / "runs" / "state_tracking"))
     parser.add_argument("--page", default=None, help="results page to rebuild, e.g. docs/results/state_tracking.md")
     parser.add_argument("--tag", default=None, help="name of this sweep (default ALGEBRA-LENGTH-RECIPE)")
@@ -152,6 +163,10 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     args.test_lengths = [int(n) for n in args.test_lengths.split(",") if n]
     args.seeds = [int(s) for s in args.seeds.split(",")] if "," in args.seeds else list(range(int(args.seeds)))
+    if args.device is None:
+        import torch
+
+        args.device = "cuda" if torch.cuda.is_available() else "cpu"
     args.tag = args.tag or f"{args.algebra}-L{args.length}-{args.recipe}"
     return args
 

@@ -5,12 +5,13 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
 from data_pipeline.synthetic.word_problem import generate
 from implicit_megatron import build_model, load_config
-from implicit_megatron.evaluation.state_tracking_report import tables, write_page, write_sweep
+from implicit_megatron.evaluation.state_tracking_report import bootstrap_interval, tables, write_page, write_sweep
 from implicit_megatron.evaluation.word_problems import evaluate_words
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -69,11 +70,21 @@ def sweep_results() -> dict:
             "runs": {"explicit-1l": {"0": run(0.5), "1": run(0.7)}, "implicit": {"0": run(1.0)}}}
 
 
-def test_tables_give_mean_spread_and_extremes_over_seeds():
+def test_tables_give_mean_spread_and_bootstrap_interval_over_seeds():
     text = tables(sweep_results())
     assert "| model | L8 | L32 | L8-p0.5 |" in text
-    assert "| explicit-1l (2 seeds) | 0.600 ± 0.141 [0.500, 0.700]" in text
-    assert "| implicit (1 seeds) | 1.000 ± 0.000 [1.000, 1.000]" in text
+    assert "| explicit-1l (2 seeds) | 0.600 ± 0.141 [0.500, 0.700]" in text  # resampled means: 0.5, 0.6, 0.7
+    assert "| implicit (1 seeds) | 1.000 |" in text
+
+
+def test_bootstrap_interval_matches_the_exact_resampling_distribution():
+    # Means of 3 draws from (0, 0, 1): 0 with probability 8/27, 1/3: 12/27, 2/3: 6/27, 1: 1/27, so the
+    # 2.5 % quantile is 0 and the 97.5 % quantile is 1 (26/27 < 0.975).
+    assert bootstrap_interval([0.0, 0.0, 1.0]) == (0.0, 1.0)
+    values = list(np.random.default_rng(3).normal(0.8, 0.05, 40))
+    low, high = bootstrap_interval(values)
+    half = 1.96 * np.std(values) / np.sqrt(len(values))  # the normal approximation
+    assert abs((high - low) / 2 - half) < 0.1 * half and low < np.mean(values) < high
 
 
 def test_page_is_rebuilt_from_every_saved_sweep(tmp_path):
