@@ -3,7 +3,7 @@
     python tools/state_tracking.py --algebra Z2 [--models explicit-1l,explicit-2l,explicit-4l,implicit]
         [--seeds 3|0,2] [--length 64] [--test-lengths 64,256,1024] [--p 0.5] [--eval-p 0.5]
         [--steps 1000] [--batch 64] [--d-model 64] [--recipe ours|released] [--sequential]
-        [--test-words 256] [--nproc 1] [--precision fp32|bf16] [--device cuda|cpu]
+        [--test-words 256[,LENGTH:N]] [--nproc 1] [--precision fp32|bf16] [--device cuda|cpu]
         [--output runs/state_tracking] [--page docs/results/state_tracking.md] [--tag NAME] [key=value ...]
 
 Each model is a config of configs/state_tracking/ (explicit-Nl: mamba2-explicit[-Nl].yaml; implicit:
@@ -36,6 +36,7 @@ import os
 import shlex
 import subprocess
 import sys
+import zlib
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -98,17 +99,22 @@ def train(model: str, seed: int, args: argparse.Namespace, out: Path) -> None:
         raise SystemExit(f"state_tracking: {model} seed {seed} failed:\n{result.stdout[-3000:]}{result.stderr[-3000:]}")
 
 
-def test_sets(args: argparse.Namespace) -> dict[str, tuple[int, float | None]]:
-    """name -> (length, p): every test length at the training p, and eval-p at the training length."""
+def test_sets(args: argparse.Namespace) -> dict[str, tuple[int, float | None, int]]:
+    """name -> (length, p, words): every test length at the training p, and eval-p at the training length."""
     sets = {f"L{length}": (length, args.p) for length in args.test_lengths}
     if args.eval_p != args.p:
         sets[f"L{args.length}-p{args.eval_p}"] = (args.length, args.eval_p)
-    return sets
+    return {name: (length, p, args.words_at.get(length, args.test_words)) for name, (length, p) in sets.items()}
+
+
+def set_seed(name: str) -> int:
+    """The test words of a set depend on its name alone, so adding a set changes no other set."""
+    return TEST_SEED + zlib.crc32(name.encode()) % 1_000_000
 
 
 def evaluate(out: Path, args: argparse.Namespace) -> dict[str, dict]:
-    """Every test set through the run's final checkpoint (fp32, on --device), as WordResult dicts; kept
-    in OUT/test_results.json and reused while the checkpoint and the test settings are the same."""
+    """Every test set through the run's final checkpoint (fp32, on --device), as WordResult dicts; each
+    kept in OUT/test_results.json and reused while the checkpoint and that set's settings are the same."""
     import torch
 
     from data_pipeline.synthetic.word_problem import generate
@@ -116,24 +122,49 @@ def evaluate(out: Path, args: argparse.Namespace) -> dict[str, dict]:
     from implicit_megatron.evaluation.word_problems import evaluate_words
     from implicit_megatron.export import read_checkpoint
 
-    key = {"tag": (out / "checkpoints" / "latest").read_text().strip(), "sets": test_sets(args),
-           "words": args.test_words, "sequential": args.sequential, "seed": TEST_SEED}
-    saved = out / "test_results.json"
-    if saved.is_file() and json.loads(saved.read_text()).get("key") == json.loads(json.dumps(key)):
-        return json.loads(saved.read_text())["results"]
-    state, cfg = read_checkpoint(out / "checkpoints")
-    model = build_model(cfg)
-    model.load_state_dict(state)
-    model.to(args.device)
-    results = {}
-    for i, (name, (length, p)) in enumerate(test_sets(args).items()):
-        words, labels = (torch.from_numpy(a.astype("int64")) for a in
-                         generate(args.algebra, args.test_words, length, p, TEST_SEED + i))
-        results[name] = evaluate_words(model, words, labels, args.eval_batch).as_dict()
-        if args.sequential and length == args.length and p == args.p:
-            results[f"seq-{name}"] = evaluate_words(model, words, labels, args.eval_batch, sequential=True).as_dict()
-    saved.write_text(json.dumps({"key": key, "results": results}, indent=1) + "\n")
-    return results
+    checkpoint = (out / "checkpoints" / "latest").read_text().strip()
+    path = out / "test_results.json"
+    saved = json.loads(path.read_text()) if path.is_file() else {}
+    cached = saved.get("sets", {}) if saved.get("checkpoint") == checkpoint else {}
+    model, kept = None, dict(cached)
+    for name, (length, p, words) in test_sets(args).items():
+        key = {"length": length, "p": p, "words": words, "seed": set_seed(name)}
+        names = [name] + ([f"seq-{name}"] if args.sequential and length == args.length and p == args.p else [])
+        if all(cached.get(n, {}).get("key") == key for n in names):
+            continue
+        if model is None:
+            state, cfg = read_checkpoint(out / "checkpoints")
+            model = build_model(cfg)
+            model.load_state_dict(state)
+            model.to(args.device)
+        inputs, labels = (torch.from_numpy(a.astype("int64")) for a in
+                          generate(args.algebra, words, length, p, set_seed(name)))
+        for n in names:
+            result = evaluate_words(model, inputs, labels, args.eval_batch, sequential=n.startswith("seq-"))
+            kept[n] = {"key": key, "result": result.as_dict()}
+    path.write_text(json.dumps({"checkpoint": checkpoint, "sets": kept}, indent=1) + "\n")
+    shown = [n for name in test_sets(args) for n in (name, f"seq-{name}")
+             if n in kept and (n == name or args.sequential)]
+    return {n: kept[n]["result"] for n in shown}
+
+
+def words_note(args: argparse.Namespace) -> str:
+    others = ", ".join(f"{words} at length {length}" for length, words in sorted(args.words_at.items()))
+    return f"{args.test_words}" + (f" ({others})" if others else "")
+
+
+def words_per_length(text: str) -> tuple[int, dict[int, int]]:
+    """'64' or '64,1024:16': words per test set, and per length where it differs."""
+    default, exceptions = None, {}
+    for part in text.split(","):
+        length, _, words = part.rpartition(":")
+        if length:
+            exceptions[int(length)] = int(words)
+        else:
+            default = int(words)
+    if default is None:
+        raise SystemExit(f"state_tracking: --test-words {text!r} names no default count (e.g. 64,1024:16)")
+    return default, exceptions
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
@@ -145,7 +176,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--eval-p", type=probability, default=0.5)
     parser.add_argument("--length", type=int, default=64)
     parser.add_argument("--test-lengths", default="64,256,1024", help="comma-separated word lengths")
-    parser.add_argument("--test-words", type=int, default=256)
+    parser.add_argument("--test-words", default="256",
+                        help="words per test set; LENGTH:N sets another count at a length, e.g. 64,1024:16")
     parser.add_argument("--eval-batch", type=int, default=64)
     parser.add_argument("--steps", type=int, default=1000)
     parser.add_argument("--batch", type=int, default=64)
@@ -162,6 +194,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("extra", nargs="*", help="key=value overrides for every training run")
     args = parser.parse_args(argv)
     args.test_lengths = [int(n) for n in args.test_lengths.split(",") if n]
+    args.test_words, args.words_at = words_per_length(args.test_words)
     args.seeds = [int(s) for s in args.seeds.split(",")] if "," in args.seeds else list(range(int(args.seeds)))
     if args.device is None:
         import torch
@@ -190,12 +223,12 @@ def main(argv: list[str] | None = None) -> int:
     algebra = get_algebra(args.algebra)
     settings = {"algebra": args.algebra, "length": args.length, "p": args.p, "eval_p": args.eval_p,
                 "steps": args.steps, "batch": args.batch, "d_model": args.d_model, "recipe": args.recipe,
-                "seeds": args.seeds, "test_words": args.test_words,
+                "seeds": args.seeds, "test_words": words_note(args),
                 "chance": 1 / algebra.size if algebra.monoid_size == 1 else None,  # 1/|G| for a pure group
                 "description": (f"{args.algebra} words (share of non-identity group parts p = {args.p}), trained "
                                 f"{args.steps} steps x {args.batch} words of {args.length}, d_model {args.d_model}, "
                                 f"recipe {args.recipe}, seeds {', '.join(map(str, args.seeds))}; "
-                                f"{args.test_words} test words per set.")}
+                                f"test words per set: {words_note(args)}.")}
     results = {"command": "python tools/state_tracking.py " + shlex.join(argv), "settings": settings, "runs": runs,
                "notes": args.notes}
     folder.mkdir(parents=True, exist_ok=True)

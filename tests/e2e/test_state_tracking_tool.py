@@ -45,3 +45,7 @@ def test_state_tracking_sweep(tmp_path):
     assert again.returncode == 0 and again.stdout.count("not trained again") == 2
     rerun = json.loads((tmp_path / "runs" / "Z2-L8-released" / "results.json").read_text())
     assert rerun["runs"] == results["runs"]  # the saved test results of each run, reused
+    longer = sweep(tmp_path / "runs", page, "--test-lengths", "8,12,16", "--test-words", "8,16:4")
+    assert longer.returncode == 0, longer.stdout[-3000:] + longer.stderr[-3000:]
+    wider = json.loads((tmp_path / "runs" / "Z2-L8-released" / "results.json").read_text())["runs"]["implicit"]["0"]
+    assert wider["L16"]["words"] == 4 and wider["L12"] == implicit["L12"]  # a new set leaves the others as they were
