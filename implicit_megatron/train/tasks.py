@@ -1,9 +1,11 @@
-"""What a run learns: next-token prediction on packed shards, or the word problem's states.
+"""What a run learns: next-token prediction on packed shards, or the word problem's states (here),
+or the answers of catbAbI stories (catbabi_task.py).
 
 A task gives the trainer its batches (resumable, the same global order at every world size), the
-inputs and targets of a batch, and its evaluation sets; the loss is cross-entropy either way
-(over the next token, or over the state after each token). The word problem also reports
-accuracy, the paper's measure for state tracking.
+inputs and targets of a batch, and its evaluation sets; the loss is cross-entropy in every case
+(over the next token, the state after each token, or the answer tokens). The word problem and
+catbAbI also report accuracy, the paper's measure for state tracking; catbAbI per task too
+(`groups`: how many groups of positions `accuracy_groups` sorts targets into; 0: none).
 """
 
 from __future__ import annotations
