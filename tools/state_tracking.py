@@ -171,7 +171,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", default="explicit-1l,explicit-2l,explicit-4l,implicit")
     parser.add_argument("--algebra", default="Z2", help="S5, A5, S3, A4, Z<m> (Z2: parity) or Ma_<group>")
-    parser.add_argument("--seeds", default="3", help="how many (0..N-1), or which, e.g. 0,2")
+    parser.add_argument("--seeds", default="3", help="how many (0..N-1), or which: 0,2 or 2, (seed 2 alone)")
     parser.add_argument("--p", type=probability, default=0.5, help="share of non-identity group parts; none: uniform")
     parser.add_argument("--eval-p", type=probability, default=0.5)
     parser.add_argument("--length", type=int, default=64)
@@ -195,7 +195,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     args.test_lengths = [int(n) for n in args.test_lengths.split(",") if n]
     args.test_words, args.words_at = words_per_length(args.test_words)
-    args.seeds = [int(s) for s in args.seeds.split(",")] if "," in args.seeds else list(range(int(args.seeds)))
+    args.seeds = [int(s) for s in args.seeds.split(",") if s] if "," in args.seeds else list(range(int(args.seeds)))
     if args.device is None:
         import torch
 
