@@ -51,6 +51,8 @@ class Progress:
     skipped_steps: int = 0  # non-finite steps of this launch, in all
     unconverged_intervals: int = 0  # log intervals in a row in which no sample's solve converged
 
+MIN_LOSS_JUMP = 0.5  # nats: a smaller rise is no jump, whatever the ratio (Trainer._loss_jumped)
+
 
 def lm_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     """Mean over the labelled positions; 0 where none is (a catbAbI window without an answer)."""
@@ -372,11 +374,11 @@ class Trainer:
                                 f"{name}/converged_frac": converged / samples})
             if self.task.reports_accuracy:
                 results[f"{name}/accuracy"] = correct / tokens
+            else:
+                results[f"{name}/ppl"] = math.exp(min(loss, 50.0))
             if self.task.groups:
                 results.update(self.task.group_metrics(name, reduce_over_ranks(by_group.flatten().tolist(),
                                                                                 self.engine.device)))
-            else:
-                results[f"{name}/ppl"] = math.exp(min(loss, 50.0))
         self.engine.train()
         self.last_eval = results
         return results
@@ -391,11 +393,13 @@ class Trainer:
     # ---------------------------------------------------------------- outputs
 
     def _loss_jumped(self, loss: float) -> bool:
-        """Whether any rank's loss exceeds checkpoint.max_loss_jump x the mean of its last 20 (agreed
-        over the ranks: a save is collective); such a step gets no checkpoint, with a warning."""
+        """Whether any rank's loss exceeds checkpoint.max_loss_jump x the mean of its last 20 and that
+        mean by MIN_LOSS_JUMP nats (agreed over the ranks: a save is collective); such a step gets no
+        checkpoint, with a warning. The floor matters near zero: a solved word problem's loss moves
+        from 0.005 to 0.05 without diverging, and the ratio alone once cost a run its final checkpoint."""
         factor = self.cfg.checkpoint.max_loss_jump
-        recent = self.recent_losses
-        jumped = bool(factor and recent and loss > factor * sum(recent) / len(recent))
+        mean = sum(self.recent_losses) / len(self.recent_losses) if self.recent_losses else None
+        jumped = bool(factor and mean is not None and loss > factor * mean and loss > mean + MIN_LOSS_JUMP)
         (flag,) = reduce_over_ranks([1.0 if jumped else 0.0], self.engine.device, dist.ReduceOp.MAX)
         if flag:
             self.log(f"warning: no checkpoint at step {self.progress.step}: the loss jumped beyond "

@@ -29,5 +29,6 @@ def test_catbabi_trains_and_reports_accuracy_per_task(tmp_path):
     for r in evals:
         per_task = [r["val/accuracy_task1"], r["val/accuracy_task2"]]
         assert min(per_task) <= r["val/accuracy"] <= max(per_task) and "val/accuracy_task3" not in r
+        assert "val/ppl" not in r  # an accuracy task
         assert 1 <= r["val/solver_iterations"] <= 16
     assert json.loads((tmp_path / "catbabi_vocab.json").read_text())["words"][:3] == ["<pad>", "<eos>", "<unk>"]

@@ -253,3 +253,4 @@ def test_word_problem_trains_on_two_processes(tmp_path):
         assert 0.0 <= evals[-1][f"{key}/accuracy"] <= 1.0 and evals[-1][f"{key}/solver_iterations"] > 1
         assert 0.0 <= evals[-1][f"{key}/converged_frac"] <= 1.0 and evals[-1][f"{key}/solver_residual"] > 0
     assert all(0.0 <= r["train/accuracy"] <= 1.0 for r in rows if "train/loss" in r)
+    assert not any("val/ppl" in r for r in evals)  # accuracy, not perplexity
