@@ -129,9 +129,13 @@ class CatbabiTask:
         """`val`: train.eval_samples windows of task.catbabi.eval_split (all of them if fewer), spread
         evenly over its stream in file order (tasks 1 to 20) so that every task is in it, split
         across ranks."""
+        return {"val": split_fixed_set(self._eval, rank, world, self.cfg.train.micro_batch_size, ignored_channel=1)}
+
+    @functools.cached_property
+    def _eval(self) -> torch.Tensor:
+        """(3, windows, seq_len + 1): the evaluation windows, read once per run."""
         c = self.options
         every = windows(c.folder, c.eval_split, c.split_answers, self.cfg.data.seq_len, None)
         wanted = min(self.cfg.train.eval_samples, len(every))
         picked = every[[len(every) * i // wanted for i in range(wanted)]]
-        channels = torch.from_numpy(picked).transpose(0, 1).contiguous()
-        return {"val": split_fixed_set(channels, rank, world, self.cfg.train.micro_batch_size, ignored_channel=1)}
+        return torch.from_numpy(picked).transpose(0, 1).contiguous()
