@@ -1,7 +1,7 @@
 """tools/state_tracking.py end to end at toy size: explicit and implicit models (the implicit one by the
 released recipe: an unrolled damped warm-up phase handing off to the DEQ phase in one run) train
 through the launcher, are tested at two lengths, and the results page is written; a finished sweep
-is not trained again (nor tested again)."""
+is not trained again (nor tested again), and a tighter test-time tolerance tests it again."""
 
 from __future__ import annotations
 
@@ -49,3 +49,13 @@ def test_state_tracking_sweep(tmp_path):
     for model, seeds in results["runs"].items():
         assert {k: v for k, v in rerun[model]["0"].items() if k != "L16"} == seeds["0"]
         assert rerun[model]["0"]["L16"]["words"] == 4
+    # A tighter test-time tolerance: every set is tested again (its key holds the tolerance), the
+    # implicit solve runs at least as many passes, and the page says at which tolerance.
+    tight = sweep(tmp_path / "runs", page, "--test-tol", "0.0001")
+    assert tight.returncode == 0 and tight.stdout.count("not trained again") == 2
+    strict = json.loads((tmp_path / "runs" / "Z2-L8-released" / "results.json").read_text())
+    assert strict["settings"]["test_tol"] == 1e-4
+    assert strict["runs"]["implicit"]["0"]["L12"]["passes"] >= implicit["L12"]["passes"]
+    saved = json.loads((tmp_path / "runs" / "Z2-L8-released" / "implicit" / "seed0" / "test_results.json").read_text())
+    assert all(saved["sets"][name]["key"]["tol"] == 1e-4 for name in ("L8", "L12", "seq-L8"))
+    assert "test-time tolerance 0.0001" in page.read_text()
