@@ -206,6 +206,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     args.test_lengths = [int(n) for n in args.test_lengths.split(",") if n]
     args.test_words, args.words_at = words_per_length(args.test_words)
+    if args.test_tol is not None and args.test_tol <= 0:
+        raise SystemExit(f"state_tracking: --test-tol must be above 0, got {args.test_tol}")
     args.seeds = [int(s) for s in args.seeds.split(",") if s] if "," in args.seeds else list(range(int(args.seeds)))
     if args.device is None:
         import torch
