@@ -7,13 +7,14 @@ the other beyond the backbone contract (`backbone(z, inj)`, `backbone.step(z_t, 
 from __future__ import annotations
 
 from torch import nn
-from torch.nn.utils import parametrize
-from torch.nn.utils.parametrizations import weight_norm
 
 from implicit_megatron.config import Config
 from implicit_megatron.implicit import ImplicitCore, Injection, SolverSettings
+from implicit_megatron.implicit.weight_norm import apply_weight_norm, remove_weight_norm, weight_normed
 from implicit_megatron.models.backbone import Backbone, released_init_
 from implicit_megatron.models.lm import LanguageModel
+
+__all__ = ["apply_weight_norm", "build_model", "remove_weight_norm", "weight_normed_layers"]
 
 
 def build_model(cfg: Config, device=None, dtype=None) -> LanguageModel:
@@ -38,17 +39,5 @@ def build_model(cfg: Config, device=None, dtype=None) -> LanguageModel:
 
 
 def weight_normed_layers(module: nn.Module) -> list[nn.Module]:
-    return [m for m in module.modules() if isinstance(m, (nn.Linear, nn.Conv1d))]
-
-
-def apply_weight_norm(module: nn.Module) -> None:
-    """w = g * v / ||v|| on every linear and conv layer (the paper's reference configs)."""
-    for layer in weight_normed_layers(module):
-        weight_norm(layer, name="weight", dim=0)
-
-
-def remove_weight_norm(module: nn.Module) -> None:
-    """Fold g and v back into plain weights (for export): the function is unchanged."""
-    for layer in module.modules():
-        if parametrize.is_parametrized(layer, "weight"):
-            parametrize.remove_parametrizations(layer, "weight", leave_parametrized=True)
+    """The weight-normalised layers (every Linear and Conv1d of a weight-normed module)."""
+    return [layer for _, layer in weight_normed(module)]

@@ -194,6 +194,14 @@ def extras(name: str, model, explicit_model, ids, args) -> list[tuple]:
     return rows
 
 
+def print_table(rows: list[tuple]) -> None:
+    header = ("config", "mode", "graphs", "ms/step", "tokens/s", "MFU", "vs explicit", "passes", "peak GiB",
+              "host", "GPU busy", "saved MiB / note")
+    widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
+    for row in [header, tuple("-" * w for w in widths), *rows]:
+        print(" | ".join(str(v).ljust(w) for v, w in zip(row, widths)), flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--configs", default="tiny/mamba2-implicit,tiny/llama-implicit")
@@ -213,12 +221,7 @@ def main() -> None:
     parser.add_argument("--extras", action="store_true", help="solver passes to eps and sequential mode")
     args = parser.parse_args()
     device, dtype = torch.device(args.device), DTYPES[args.dtype]
-    header = ("config", "mode", "graphs", "ms/step", "tokens/s", "MFU", "vs explicit", "passes", "peak GiB",
-              "host", "GPU busy", "saved MiB / note")
-    rows = [row for name in args.configs.split(",") for row in bench_config(name, args, device, dtype)]
-    widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
-    for row in [header, tuple("-" * w for w in widths), *rows]:
-        print(" | ".join(str(v).ljust(w) for v, w in zip(row, widths)), flush=True)
+    print_table([row for name in args.configs.split(",") for row in bench_config(name, args, device, dtype)])
     where = torch.cuda.get_device_name() if device.type == "cuda" else f"{torch.get_num_threads()} CPU threads"
     print(f"\ntorch {torch.__version__}, {where}, {args.dtype}, batch {args.batch} x {args.seq_len} tokens, "
           f"vocabulary {args.vocab_size or 'config'}, {args.loss} loss{', compiled blocks' if args.compile else ''}")

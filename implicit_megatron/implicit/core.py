@@ -17,10 +17,10 @@ from dataclasses import dataclass, field, replace
 
 import torch
 from torch import nn
-from torch.nn.utils import parametrize
 
 from implicit_megatron.config import AndersonSettings, ImplicitConfig
 from implicit_megatron.implicit import graphs as graphs_lib
+from implicit_megatron.implicit import weight_norm
 from implicit_megatron.implicit.injection import Injection
 from implicit_megatron.implicit.phantom import phantom_steps
 from implicit_megatron.implicit.solver import SolverStats, relative_residual, released_solve, solve, solve_with
@@ -91,8 +91,8 @@ class ImplicitCore(nn.Module):
         self.cuda_graphs = cuda_graphs
         self.graph_blocker: str | None = None  # set by whoever makes graphs impossible (ZeRO-3)
         self._graphs: dict[tuple, object] = {}
-        self._graph_storage: tuple[int, ...] | None = None
-        self._graph_pool = None
+        self._graph_addresses: tuple[int, ...] | None = None
+        self._pool = None  # the solver graphs' memory pool
         self._seen: dict[tuple, int] = {}  # forwards per input shape (graphs for recurring shapes only)
         self._logged: set[str] = set()
 
@@ -103,22 +103,21 @@ class ImplicitCore(nn.Module):
     def set_phase(self, **changes) -> None:
         """Switch solver settings, e.g. set_phase(max_iter=24, tol=0.05, phantom_steps=4)."""
         self.settings = replace(self.settings, **changes)
-        self._graphs.clear()  # the old phase's graphs hold memory the new one may need
+        self._graphs = {key: g for key, g in self._graphs.items() if key[0] != "grad"}  # the old phase's
+        # passes with gradient hold memory the new phase may need; the weights and solver graphs stay
 
     # ------------------------------------------------------------------ simultaneous mode
 
     def forward(self, x: torch.Tensor, seq_idx: torch.Tensor | None = None) -> torch.Tensor:
         if self._use_graphs(x, seq_idx):
             try:
-                return self._forward(x, seq_idx, graphs=True)
+                return self._graphed(x, seq_idx)
             except _CaptureFailed:
                 pass  # logged; this and every later forward run eagerly
-        return self._forward(x, seq_idx, graphs=False)
+        return self._eager(x, seq_idx)
 
-    def _forward(self, x: torch.Tensor, seq_idx: torch.Tensor | None, graphs: bool) -> torch.Tensor:
+    def _eager(self, x: torch.Tensor, seq_idx: torch.Tensor | None) -> torch.Tensor:
         if not self.implicit:
-            if graphs and torch.is_grad_enabled():
-                return self._grad_passes(x, None, seq_idx, [x.requires_grad])(x)
             return self.backbone(x, None, seq_idx=seq_idx)
         inj = self.injection(x) if self.injection is not None else None
         s = self.settings
@@ -130,30 +129,25 @@ class ImplicitCore(nn.Module):
         if s.gradient != "phantom" and torch.is_grad_enabled():
             return self._unrolled(f, z0, s.damping if s.gradient == "unrolled_damped" else 1.0)
         cap, tol = s.cap(self.training), s.stop_tol(self.training)
-        if s.released_eval(self.training):  # the paper's evaluation; eager (shapes rarely recur)
-            with parametrize.cached():
+        with torch.no_grad(), self._weights_once(with_gradient=False):
+            if s.released_eval(self.training):  # the paper's evaluation
                 z, self.last_stats = released_solve(f, z0, cap, tol, s.damping, self.group)
-            return z
-        if graphs:
-            solver = self._solver_graphs(z0, inj, seq_idx)
-            solver.start(inj, seq_idx)
-            z_star, stats = solve_with(solver.step, z0, cap, tol, s.anderson, self.group)
-            z_star, stats.residual = z_star.clone(), stats.residual.clone()
-        else:
-            with parametrize.cached():
-                z_star, stats = solve(f, z0, cap, tol, s.anderson, self.group)
-        if tol is None and s.eval_tol is not None:  # a bounded phase: converged means below eval_tol
+                return z
+            z_star, stats = solve(f, z0, cap, tol, s.anderson, self.group)
+        if not self._finish_solve(stats):  # evaluation returns the fixed point itself, as torchdeq does
+            return z_star
+        with self._weights_once(with_gradient=True):
+            return phantom_steps(f, z_star, s.phantom_steps, s.damping)
+
+    def _finish_solve(self, stats: SolverStats) -> bool:
+        """Record the solve's statistics; True where phantom steps follow (training)."""
+        s = self.settings
+        if s.stop_tol(self.training) is None and s.eval_tol is not None:  # bounded: converged means below eval_tol
             stats.converged = stats.residual < s.eval_tol
         self.last_stats = stats
-        if not self.training:  # evaluation returns the fixed point itself, as torchdeq does
-            return z_star
-        stats.phantom_passes = s.phantom_steps
-        if graphs and torch.is_grad_enabled() and s.phantom_steps:
-            k = s.phantom_steps
-            return phantom_steps(self._grad_passes(z_star, inj, seq_idx, [False] + [True] * (k - 1)),
-                                 z_star, k, s.damping)
-        with self._weights_once_with_gradient():
-            return phantom_steps(f, z_star, s.phantom_steps, s.damping)
+        if self.training:
+            stats.phantom_passes = s.phantom_steps
+        return self.training
 
     def _unrolled(self, f, z: torch.Tensor, damping: float) -> torch.Tensor:
         """Backpropagation through every one of max_iter passes: z = F(0), then z <- (1 - damping) z
@@ -167,21 +161,49 @@ class ImplicitCore(nn.Module):
         self.last_stats = SolverStats(0, residual, converged, phantom_passes=s.max_iter)
         return z
 
-    def _weights_once_with_gradient(self):
-        """Cache parametrised weights over the phantom steps, so their gradient flows back through
-        one weight normalisation. Not where a pass is recomputed in backward (activation
-        checkpointing: the recomputation would compute the weight where the forward read it from
-        the cache) or where ZeRO-3 releases g and v after each layer's backward."""
-        if getattr(self.backbone, "checkpoint_layers", False) or self.graph_blocker is not None:
+    def _weights_once(self, with_gradient: bool):
+        """Every pass within the context reads each weight-normalised weight computed once, here.
+        With gradient, not where a pass is recomputed in backward (activation checkpointing: the
+        recomputation must compute the weight as the forward did) or where ZeRO-3 releases g and v
+        after each layer's backward: there every read computes the weight again."""
+        layers = [layer for _, layer in weight_norm.weight_normed(self.backbone)]
+        if not layers or (with_gradient and (getattr(self.backbone, "checkpoint_layers", False)
+                                             or self.graph_blocker is not None)):
             return contextlib.nullcontext()
-        return parametrize.cached()
+        return weight_norm.reading(layers, weight_norm.compute(layers))
 
     # ------------------------------------------------------------------ CUDA graphs
 
+    def _graphed(self, x: torch.Tensor, seq_idx: torch.Tensor | None) -> torch.Tensor:
+        """The forward with every pass replayed from a CUDA graph (see implicit.graphs)."""
+        if not self.implicit:  # one pass with gradient from z0 = x
+            return self._grad_graphs(x, None, seq_idx, 1, None)(x, None, seq_idx)
+        norms = None
+        if weight_norm.weight_normed(self.backbone):
+            norms = self._captured(("norms",), lambda: graphs_lib.NormGraphs(self.backbone))
+            norms.refresh()
+        inj = self.injection(x) if self.injection is not None else None
+        s = self.settings
+        z0 = torch.zeros_like(x)
+        key = ("solve", _shape(z0), _shape(inj), _shape(seq_idx))
+        solver = self._captured(key, lambda: graphs_lib.SolverGraphs(self.backbone, norms, z0, inj, seq_idx,
+                                                                     self._solver_pool()))
+        solver.start(inj, seq_idx)
+        z_star, stats = solve_with(solver.step, z0, s.cap(self.training), s.stop_tol(self.training),
+                                   s.anderson, self.group)
+        z_star, stats.residual = z_star.clone(), stats.residual.clone()
+        if not self._finish_solve(stats):
+            return z_star
+        if not torch.is_grad_enabled() or not s.phantom_steps:
+            with norms.reading() if norms is not None else contextlib.nullcontext():
+                return phantom_steps(lambda z: self.backbone(z, inj, seq_idx=seq_idx), z_star, s.phantom_steps,
+                                     s.damping)
+        return self._grad_graphs(z_star, inj, seq_idx, s.phantom_steps, s.damping)(z_star, inj, seq_idx)
+
     def _use_graphs(self, x: torch.Tensor, seq_idx: torch.Tensor | None) -> bool:
-        """Graphs for this forward? Only for shapes seen before: training batches recur every step,
-        while a capture for each new length of an evaluation or generation would cost more than
-        it saves."""
+        """Graphs for this forward? Not for the released evaluation rule and unrolled gradients
+        (always eager), and only for shapes seen before: training batches recur every step, while a
+        capture for each new length of an evaluation or generation would cost more than it saves."""
         if self.cuda_graphs == "off":
             return False
         reason = graphs_lib.why_not(x, self.backbone, self.graph_blocker)
@@ -190,29 +212,36 @@ class ImplicitCore(nn.Module):
                 raise RuntimeError(f"implicit.cuda_graphs=on, but {reason}")
             self._log_once(f"CUDA graphs off: {reason}; the passes run eagerly")
             return False
+        s = self.settings
+        if s is None:
+            if not torch.is_grad_enabled():
+                return False
+        elif s.released_eval(self.training) or (s.gradient != "phantom" and torch.is_grad_enabled()):
+            return False
         seen = (_shape(x), _shape(seq_idx), torch.is_grad_enabled(), self.training)
         if len(self._seen) > 256:
             self._seen.clear()
         self._seen[seen] = self._seen.get(seen, 0) + 1
         if self._seen[seen] < 2:
             return False
-        storage = graphs_lib.storage_key(self.backbone)
-        if storage != self._graph_storage:
-            if self._graph_storage is not None:
-                self._log_once("parameters moved to new storage: CUDA graphs re-captured")
-            self._graphs.clear()
-            self._graph_storage = storage
+        addresses = graphs_lib.address_key(self.backbone)
+        if addresses != self._graph_addresses:
+            if self._graph_addresses is not None:
+                self._log_once("parameters or buffers moved to new memory: CUDA graphs re-captured")
+            self._drop_graphs()
+            self._graph_addresses = addresses
         return True
 
     def _captured(self, key: tuple, make):
-        """The graphs for `key`, captured on first use; a failed capture under "auto" turns graphs
-        off for this core with one log line, under "on" it raises."""
+        """The graphs for `key`, captured on first use. A failed capture frees every graph of this
+        core; under "auto" it turns graphs off for the core with one log line, under "on" it raises."""
         if key not in self._graphs:
             if len(self._graphs) >= 8:  # e.g. evaluation batches of many shapes: keep memory bounded
-                self._graphs.clear()
+                self._drop_graphs()
             try:
                 self._graphs[key] = make()
             except Exception as err:
+                self._drop_graphs()
                 if self.cuda_graphs == "on":
                     raise
                 self.cuda_graphs = "off"
@@ -220,22 +249,23 @@ class ImplicitCore(nn.Module):
                 raise _CaptureFailed from err
         return self._graphs[key]
 
-    def _solver_graphs(self, z0, inj, seq_idx) -> graphs_lib.SolverGraphs:
-        if self._graph_pool is None:
-            self._graph_pool = torch.cuda.graph_pool_handle()
-        key = ("solve", _shape(z0), _shape(inj), _shape(seq_idx))
-        return self._captured(key, lambda: graphs_lib.SolverGraphs(self.backbone, z0, inj, seq_idx,
-                                                                   self._graph_pool))
+    def _drop_graphs(self) -> None:
+        self._graphs.clear()
+        self._pool = None
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()  # the graphs' pools go back to the device
 
-    def _grad_passes(self, z, inj, seq_idx, z_grad: list[bool]):
-        """F with gradient as a function of z that replays pass i of the k captured passes on its
-        i-th call; the weights are normalised once, here, with gradient."""
-        weights = graphs_lib.Weights.of(self.backbone)
-        key = ("grad", _shape(z), _shape(inj), _shape(seq_idx), tuple(z_grad),
-               inj is not None and inj.requires_grad)
-        graphs = self._captured(key, lambda: graphs_lib.GradGraphs(self.backbone, z, inj, seq_idx, weights, z_grad))
-        calls = iter(range(len(z_grad)))
-        return lambda z_i: graphs(next(calls), z_i, inj, seq_idx, weights)
+    def _solver_pool(self):
+        """One memory pool for every shape's solver graph: nothing of theirs outlives a replay but
+        their outputs, which stay allocated, so they may share memory."""
+        if self._pool is None:
+            self._pool = torch.cuda.graph_pool_handle()
+        return self._pool
+
+    def _grad_graphs(self, z, inj, seq_idx, steps: int, damping: float | None) -> graphs_lib.GradGraphs:
+        key = ("grad", _shape(z), z.requires_grad, _shape(inj), inj is not None and inj.requires_grad,
+               _shape(seq_idx), steps, damping)
+        return self._captured(key, lambda: graphs_lib.GradGraphs(self.backbone, z, inj, seq_idx, steps, damping))
 
     def _log_once(self, message: str) -> None:
         if message not in self._logged:

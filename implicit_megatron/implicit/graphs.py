@@ -3,36 +3,51 @@
 Eager PyTorch pays the host's cost of every kernel launch in every pass (mamba_ssm's fused Mamba2
 layer alone takes about a millisecond of Python per call), and the solver repeats one pass with the
 same shapes many times while the GPU waits for the host. A graph records a pass once and replays it.
+A graph reads memory by address, so everything here is about which memory a graph reads:
 
-- `SolverGraphs`: the passes without gradient. One graph computes every parametrised
-  (weight-normalised) weight once per forward; another runs F from a static iterate and writes F(z)
-  and its residual. The solver (`solve_with`) drives it as it drives eager passes, so a free phase
-  takes exactly the passes the eager solver takes; the host reads one number per pass, the agreed
-  residual of the stop rule.
-- `GradGraphs`: the k passes with gradient (phantom steps, or the explicit model's one pass), each
-  captured forward and backward by `torch.cuda.make_graphed_callables`. The weights enter as inputs
-  (`Weights`), so weight normalisation runs once per forward and its backward once.
+- `NormGraphs`: every weight-normalised weight, computed from g and v by one graph into static
+  buffers, once per forward, for the solver's passes (`weight_norm.reading`).
+- `SolverGraphs`: the passes without gradient for one input shape: F from a static iterate to F(z)
+  and its residual. The solver (`solve_with`) drives it as it drives eager passes; the host reads
+  one number per pass, the agreed residual of the stop rule.
+- `GradGraphs`: the passes with gradient of one forward (the weights normalised once with
+  gradient, then the k phantom steps, or the explicit model's one pass) as one forward graph and
+  one backward graph.
 
-`why_not(...)` names the reason a graph cannot be used; the core then runs eagerly.
+Gradients leave the graphs as fresh tensors. A graph's gradient buffer handed to autograd as a
+parameter's gradient would become `p.grad` itself (autograd adopts a gradient it holds the only
+reference to), and the next micro-batch's replay would overwrite it: accumulated gradients would
+be wrong. Every replay bumps a generation counter, and a backward whose forward's buffers were
+overwritten by a later forward raises instead of returning another forward's gradient.
+
+Graphs whose memory must survive between two replays (saved activations between forward and
+backward, the static weights) get a memory pool of their own, which no other capture can reuse;
+the solver graphs share one (only their outputs outlive a replay, and those stay allocated).
+Parameters and buffers are read by address, so the core re-captures when any of them moves
+(`address_key`). `why_not(...)` names the reason a graph cannot be used; the core then runs
+eagerly.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
-from dataclasses import dataclass
+import itertools
+from collections.abc import Callable
 
 import torch
 from torch import nn
 from torch.func import functional_call
-from torch.nn.utils import parametrize
 
+from implicit_megatron.implicit import weight_norm
+from implicit_megatron.implicit.phantom import phantom_steps
 from implicit_megatron.implicit.solver import relative_residual
+
+GRAPH_DEVICE = "cuda"  # where graphs exist (tests emulate them on "cpu": tests/support/cuda_graph_emulation.py)
 
 
 def why_not(x: torch.Tensor, backbone: nn.Module, blocker: str | None) -> str | None:
     """Why the passes on `x` cannot run as CUDA graphs, or None when they can."""
-    if not x.is_cuda:
+    if x.device.type != GRAPH_DEVICE:
         return f"the tensors are on {x.device.type}"
     if blocker is not None:
         return blocker
@@ -43,140 +58,159 @@ def why_not(x: torch.Tensor, backbone: nn.Module, blocker: str | None) -> str | 
     return None
 
 
-Slot = tuple[nn.Module, str]  # a parametrised tensor: its module and name
+def address_key(module: nn.Module) -> tuple[int, ...]:
+    """Where every parameter and buffer lives: a graph reads them by address, so a moved or
+    replaced tensor (a new RoPE table, parameters re-allocated by an engine) means re-capture."""
+    return tuple(t.data_ptr() for t in itertools.chain(module.parameters(), module.buffers()))
 
 
-def parametrised_slots(module: nn.Module) -> list[Slot]:
-    """Every parametrised tensor (e.g. a weight-normalised weight) in the module."""
-    return [(sub, tensor_name) for name, sub in module.named_modules()
-            if "parametrizations" not in name.split(".") and parametrize.is_parametrized(sub)
-            for tensor_name in sub.parametrizations]
+def _warm_up(run: Callable[[], None]) -> None:
+    """Lazy initialisation and Triton autotuning run outside the capture, on a side stream."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(2):
+            run()
+    torch.cuda.current_stream().wait_stream(side)
 
 
-def plain_parameters(module: nn.Module) -> dict[str, nn.Parameter]:
-    """The parameters that are read as they are (not the originals g, v of a parametrisation)."""
-    return {name: p for name, p in module.named_parameters() if "parametrizations" not in name.split(".")}
+class NormGraphs:
+    """Every weight-normalised weight of the backbone, computed from g and v by one graph into
+    static buffers (`values`) that the solver's passes read: `refresh()` once per forward."""
 
+    def __init__(self, backbone: nn.Module) -> None:
+        self.layers = [layer for _, layer in weight_norm.weight_normed(backbone)]
+        with torch.no_grad():
+            _warm_up(lambda: weight_norm.compute(self.layers))
+            self.graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(self.graph, pool=torch.cuda.graph_pool_handle()):
+                self.values = weight_norm.compute(self.layers)
 
-@dataclass
-class Weights:
-    """What one pass reads that carries gradient: each parametrised tensor computed once (with
-    gradient to its originals) and the plain parameters, by name."""
+    def refresh(self) -> None:
+        """Normalise the current g and v into `values`."""
+        self.graph.replay()
 
-    slots: list[Slot]
-    normalised: list[torch.Tensor]
-    plain_names: list[str]
-    plain: list[nn.Parameter]
-
-    @classmethod
-    def of(cls, module: nn.Module) -> Weights:
-        slots, plain = parametrised_slots(module), plain_parameters(module)
-        return cls(slots, [getattr(m, name) for m, name in slots], list(plain), list(plain.values()))
-
-
-@contextlib.contextmanager
-def reading(slots: list[Slot], values) -> Iterator[None]:
-    """Within the context each parametrised tensor reads the given value instead of being computed:
-    torch's own parametrisation cache, filled in advance."""
-    with parametrize.cached():
-        for (module, name), value in zip(slots, values, strict=True):
-            parametrize._cache[(id(module), name)] = value
-        yield
-
-
-def run_pass(backbone: nn.Module, weights: Weights, z: torch.Tensor, inj: torch.Tensor | None,
-             seq_idx: torch.Tensor | None, normalised, plain) -> torch.Tensor:
-    """F(z) reading the given tensors in place of the backbone's own: `normalised` for the
-    parametrised tensors, `plain` for the other parameters (what `GradGraphs` captures)."""
-    with reading(weights.slots, normalised):
-        return functional_call(backbone, dict(zip(weights.plain_names, plain, strict=True)), (z, inj),
-                               {"seq_idx": seq_idx})
-
-
-def storage_key(module: nn.Module) -> tuple[int, ...]:
-    """Where the parameters live: graphs read them by address, so a moved storage means re-capture."""
-    return tuple(p.data_ptr() for p in module.parameters())
+    def reading(self):
+        """Passes within the context read the static values as the weights."""
+        return weight_norm.reading(self.layers, self.values)
 
 
 class SolverGraphs:
-    """The no-grad passes for one input shape: `start` once per forward, then `step` per pass."""
+    """The no-grad pass for one input shape: `start` once per forward, then `step` per pass."""
 
-    def __init__(self, backbone: nn.Module, z: torch.Tensor, inj: torch.Tensor | None,
+    def __init__(self, backbone: nn.Module, norms: NormGraphs | None, z: torch.Tensor, inj: torch.Tensor | None,
                  seq_idx: torch.Tensor | None, pool) -> None:
-        self.backbone = backbone
+        self.backbone, self.norms = backbone, norms
         self.z = z.detach().clone()
         self.inj = None if inj is None else inj.detach().clone()
         self.seq_idx = None if seq_idx is None else seq_idx.clone()
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side), torch.no_grad(), parametrize.cached():
-            for _ in range(2):  # lazy initialisation and Triton autotuning stay out of the capture
-                self._pass()
-        torch.cuda.current_stream().wait_stream(side)
-        slots = parametrised_slots(backbone)
-        self.norm_graph = torch.cuda.CUDAGraph() if slots else None
-        self.pass_graph = torch.cuda.CUDAGraph()
-        with torch.no_grad(), parametrize.cached():
-            if slots:
-                with torch.cuda.graph(self.norm_graph, pool=pool, capture_error_mode="thread_local"):
-                    self.weights = [getattr(m, name) for m, name in slots]  # cached: the pass reads them
-            with torch.cuda.graph(self.pass_graph, pool=pool, capture_error_mode="thread_local"):
+        with torch.no_grad():
+            _warm_up(self._pass)
+            self.graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(self.graph, pool=pool, capture_error_mode="thread_local"):
                 self.f_z, self.residual = self._pass()
 
     def _pass(self) -> tuple[torch.Tensor, torch.Tensor]:
-        f_z = self.backbone(self.z, self.inj, seq_idx=self.seq_idx)
+        with self.norms.reading() if self.norms is not None else contextlib.nullcontext():
+            f_z = self.backbone(self.z, self.inj, seq_idx=self.seq_idx)
         return f_z, relative_residual(f_z, self.z)
 
     @torch.no_grad()
     def start(self, inj: torch.Tensor | None, seq_idx: torch.Tensor | None) -> None:
-        """Take this forward's inputs and normalise the current weights."""
+        """Take this forward's inputs (the weights are the core's `NormGraphs.refresh`)."""
         if inj is not None:
             self.inj.copy_(inj)
         if seq_idx is not None:
             self.seq_idx.copy_(seq_idx)
-        if self.norm_graph is not None:
-            self.norm_graph.replay()
 
     def step(self, z: torch.Tensor, need_residual: bool) -> tuple[torch.Tensor, torch.Tensor]:
         """One pass: F(z) and its residual, in buffers the next step overwrites."""
         if z.data_ptr() != self.z.data_ptr():
             self.z.copy_(z)
-        self.pass_graph.replay()
+        self.graph.replay()
         return self.f_z, self.residual
 
 
-class GradGraphs:
-    """k passes with gradient for one input shape, replayed in order (forward 0..k-1, backward
-    k-1..0), as `make_graphed_callables` requires of callables that share a memory pool.
+class PassesWithGradient(nn.Module):
+    """The passes with gradient as a module of the backbone's parameters: the weights normalised
+    once (with gradient to g and v, as the eager phantom steps do), then `steps` damped passes from
+    z, or (`damping` None) z <- F(z) once, the explicit model."""
 
-    `z_grad[i]` says whether pass i's input carries gradient (the first phantom step starts from the
-    detached fixed point; the explicit model's input is the embedding, which does). The weights are
-    inputs, copied into the graphs' own buffers each pass (a few hundred MB at 1.3B parameters).
-    """
+    def __init__(self, backbone: nn.Module, steps: int, damping: float | None) -> None:
+        super().__init__()
+        self.backbone, self.steps, self.damping = backbone, steps, damping
+
+    def forward(self, z: torch.Tensor, inj: torch.Tensor | None, seq_idx: torch.Tensor | None) -> torch.Tensor:
+        def f(v: torch.Tensor) -> torch.Tensor:
+            return self.backbone(v, inj, seq_idx=seq_idx)
+
+        layers = [layer for _, layer in weight_norm.weight_normed(self.backbone)]
+        with weight_norm.reading(layers, weight_norm.compute(layers)):
+            return f(z) if self.damping is None else phantom_steps(f, z, self.steps, self.damping)
+
+
+class GradGraphs:
+    """The passes with gradient of one forward, for one input shape, as one forward graph and one
+    backward graph in a memory pool of their own. What changes between forwards (z, the injection,
+    seq_idx) is copied into static buffers; every parameter is read where it lives."""
 
     def __init__(self, backbone: nn.Module, z: torch.Tensor, inj: torch.Tensor | None,
-                 seq_idx: torch.Tensor | None, weights: Weights, z_grad: list[bool]) -> None:
-        n_extra, n_normalised = (inj is not None) + (seq_idx is not None), len(weights.slots)
-        has_inj = inj is not None
+                 seq_idx: torch.Tensor | None, steps: int, damping: float | None) -> None:
+        self.params = dict(backbone.named_parameters())
+        self.z = z.detach().clone().requires_grad_(z.requires_grad)
+        self.inj = None if inj is None else inj.detach().clone().requires_grad_(inj.requires_grad)
+        self.seq_idx = None if seq_idx is None else seq_idx.clone()
+        # Leaves of our own over the parameters' memory: a parameter's gradient accumulator may have
+        # been made on another stream (DeepSpeed holds them for its hooks), and a captured backward
+        # that synchronised with that stream would break the capture.
+        aliases = {f"backbone.{name}": p.detach().requires_grad_(p.requires_grad) for name, p in self.params.items()}
+        passes = PassesWithGradient(backbone, steps, damping)
+        inputs = [self.z, self.inj, *aliases.values()]
+        self.wants = [t is not None and t.requires_grad for t in inputs]
+        needed = [t for t, want in zip(inputs, self.wants, strict=True) if want]
 
-        def one_pass(z, *rest):
-            extra, normalised = rest[:n_extra], rest[n_extra:n_extra + n_normalised]
-            inj_ = extra[0] if has_inj else None
-            seq_ = extra[-1] if len(extra) > has_inj else None
-            return run_pass(backbone, weights, z, inj_, seq_, normalised, rest[n_extra + n_normalised:])
+        def run() -> torch.Tensor:
+            with torch.enable_grad():
+                return functional_call(passes, aliases, (self.z, self.inj, self.seq_idx))
 
-        def copy(t: torch.Tensor) -> torch.Tensor:
-            return t.detach().clone().requires_grad_(t.requires_grad)
+        _warm_up(lambda: torch.autograd.grad(run(), needed, torch.ones_like(self.z), allow_unused=True))
+        self.pool = torch.cuda.graph_pool_handle()
+        self.forward_graph, self.backward_graph = torch.cuda.CUDAGraph(), torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.forward_graph, pool=self.pool):
+            out = run()
+        self.grad_out = torch.empty_like(out)
+        with torch.cuda.graph(self.backward_graph, pool=self.pool):
+            grads = iter(torch.autograd.grad(out, needed, self.grad_out, allow_unused=True))
+        self.grads = [next(grads) if want else None for want in self.wants]
+        self.out = out.detach()  # the autograd graph goes; the saved activations stay in the pool
+        self.generation = 0
 
-        # Every graph input is a fresh tensor, parameters too: a parameter's gradient accumulator
-        # may have been made on another stream (DeepSpeed holds them for its gradient hooks), and
-        # the captured backward would then synchronise with that stream, which breaks the capture.
-        shared = [*(copy(t) for t in (inj, seq_idx) if t is not None), *map(copy, weights.normalised),
-                  *map(copy, weights.plain)]
-        samples = tuple((z.detach().clone().requires_grad_(g), *shared) for g in z_grad)
-        self.passes = torch.cuda.make_graphed_callables(tuple(one_pass for _ in z_grad), samples)
+    def __call__(self, z: torch.Tensor, inj: torch.Tensor | None, seq_idx: torch.Tensor | None) -> torch.Tensor:
+        """The passes' output for this forward, differentiable in z, inj and every parameter."""
+        if seq_idx is not None:
+            self.seq_idx.copy_(seq_idx)
+        return _Replayed.apply(self, z, inj, *self.params.values())
 
-    def __call__(self, i: int, z: torch.Tensor, inj: torch.Tensor | None, seq_idx: torch.Tensor | None,
-                 weights: Weights) -> torch.Tensor:
-        extra = [t for t in (inj, seq_idx) if t is not None]
-        return self.passes[i](z, *extra, *weights.normalised, *weights.plain)
+
+class _Replayed(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, graphs: GradGraphs, z: torch.Tensor, inj: torch.Tensor | None, *params: torch.Tensor):
+        if z.data_ptr() != graphs.z.data_ptr():
+            graphs.z.copy_(z)
+        if inj is not None and inj.data_ptr() != graphs.inj.data_ptr():
+            graphs.inj.copy_(inj)
+        graphs.forward_graph.replay()
+        graphs.generation += 1
+        ctx.graphs, ctx.generation = graphs, graphs.generation
+        return graphs.out.clone()
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad: torch.Tensor):
+        graphs = ctx.graphs
+        if ctx.generation != graphs.generation:
+            raise RuntimeError("backward of a CUDA-graphed forward after a later forward replayed the same graph: "
+                               "backpropagate each forward before the next, or set implicit.cuda_graphs=off")
+        graphs.grad_out.copy_(grad)
+        graphs.backward_graph.replay()
+        return (None, *(None if g is None else g.clone() for g in graphs.grads))

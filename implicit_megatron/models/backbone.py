@@ -101,11 +101,13 @@ class Backbone(nn.Module):
                 z = layer(z, inj, seq_idx)
         return self.norm_f(z).to(dtype)
 
-    def compile_blocks(self) -> None:
+    def compile_blocks(self, backend: str = "inductor") -> None:
         """torch.compile every block in place: the elementwise work between matmuls (norms, RoPE,
-        SwiGLU, residuals) fuses into few kernels. The fused Mamba2 kernels are not compiled further."""
+        SwiGLU, residuals) fuses into few kernels. The fused Mamba2 kernels are not compiled further.
+        All blocks of a kind share their compiled code (weight norm is `implicit.weight_norm`'s,
+        whose layers share one class), so compiles do not grow with depth."""
         for layer in self.layers:
-            layer.compile(dynamic=False)
+            layer.compile(dynamic=False, backend=backend)
 
     def allocate_state(self, batch_size: int, max_seq_len: int, device=None, dtype=None) -> BackboneState:
         """Per-layer zero state: Mamba2State (conv, ssm) or an empty KVCache of `max_seq_len` tokens."""

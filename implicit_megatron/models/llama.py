@@ -86,7 +86,10 @@ class LlamaAttention(nn.Module):
         self.k_proj = nn.Linear(d_model, self.kv_dim, bias=bias, **factory)
         self.v_proj = nn.Linear(d_model, self.kv_dim, bias=bias, **factory)
         self.o_proj = nn.Linear(self.q_dim, d_model, bias=bias, **factory)
-        self._rope_key, self._rope_cache = None, None  # the last length's RoPE table (see _rope)
+        # cos, sin (T, 1, hd) of positions 0..T-1 for the longest T seen (see _rope); buffers, so that
+        # whoever reads them by address (CUDA graphs) sees a new table as moved memory
+        self.register_buffer("rope_cos", None, persistent=False)
+        self.register_buffer("rope_sin", None, persistent=False)
 
     def _qkv(self, x: torch.Tensor, inj: torch.Tensor | None):
         """Projections (+ injection), split into heads: (..., heads, head_dim)."""
@@ -107,12 +110,14 @@ class LlamaAttention(nn.Module):
         return x[:, :, None].expand(b, h, rep, t, d).reshape(b, h * rep, t, d)
 
     def _rope(self, t: int, dtype: torch.dtype, device: torch.device):
-        """cos, sin (T, 1, hd) of positions 0..T-1, computed once per length rather than every pass."""
-        key = (t, dtype, device)
-        if self._rope_key != key:
-            cos, sin = rope_cos_sin(torch.arange(t, device=device), self.head_dim, self.rope_theta, dtype)
-            self._rope_cache, self._rope_key = (cos.unsqueeze(-2), sin.unsqueeze(-2)), key
-        return self._rope_cache
+        """cos, sin (T, 1, hd) of positions 0..T-1: slices of one table computed for the longest
+        length seen, so that a shorter forward neither recomputes nor replaces it."""
+        cos = self.rope_cos
+        if cos is None or cos.shape[0] < t or cos.dtype != dtype or cos.device != device:
+            longest = t if cos is None or cos.dtype != dtype or cos.device != device else max(t, cos.shape[0])
+            cos, sin = rope_cos_sin(torch.arange(longest, device=device), self.head_dim, self.rope_theta, dtype)
+            self.rope_cos, self.rope_sin = cos.unsqueeze(-2), sin.unsqueeze(-2)
+        return self.rope_cos[:t], self.rope_sin[:t]
 
     def _rope_documents(self, seq_idx: torch.Tensor, dtype: torch.dtype):
         """cos, sin (B, T, 1, hd) with positions restarting at every document."""

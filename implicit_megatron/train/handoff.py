@@ -328,9 +328,9 @@ def load_weights(model: torch.nn.Module, state: dict[str, torch.Tensor], where: 
                                                                       len(missing) > 1 else ""))
     model.load_state_dict(direct, strict=False)
     with torch.no_grad():
-        for name, tensor in folded.items():  # the weight-norm parametrization's right inverse sets g and v
+        for name, tensor in folded.items():  # g and v that give this weight
             module = model.get_submodule(name.removesuffix(".weight"))
-            module.weight = tensor.to(module.parametrizations.weight.original1.dtype)
+            module.set_weight(tensor.to(module.parametrizations.weight.original1.dtype))
     return fresh
 
 

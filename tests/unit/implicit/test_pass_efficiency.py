@@ -7,12 +7,12 @@ import logging
 
 import pytest
 import torch
-from torch.nn.utils import parametrize
+from torch.func import functional_call
 
 from implicit_megatron.builder import weight_normed_layers
 from implicit_megatron.config import AndersonSettings
-from implicit_megatron.implicit import SolverSettings
-from implicit_megatron.implicit.graphs import Weights, reading, run_pass
+from implicit_megatron.implicit import SolverSettings, weight_norm
+from implicit_megatron.implicit.graphs import PassesWithGradient
 from implicit_megatron.implicit.phantom import phantom_steps
 from implicit_megatron.implicit.solver import solve, solve_with
 
@@ -28,7 +28,7 @@ def normed_model(make_model, arch: str, **kwargs):
 def count_weight_norms(model) -> list[int]:
     calls = [0]
     for layer in weight_normed_layers(model.core.backbone):
-        layer.parametrizations.weight[0].register_forward_hook(lambda *_: calls.__setitem__(0, calls[0] + 1))
+        layer.parametrizations.weight.register_forward_hook(lambda *_: calls.__setitem__(0, calls[0] + 1))
     return calls
 
 
@@ -80,32 +80,34 @@ def test_activation_checkpointing_keeps_per_pass_weight_norm(make_model):
         assert torch.allclose(checkpointed[name], g, rtol=1e-10, atol=1e-13), name
 
 
-def test_passes_with_given_weights_equal_the_module(arch, make_model):
-    """What the gradient graphs capture: F reading copies of its weights, the parametrised ones
-    normalised once, handed to it as inputs; the gradients reach the copies, not the module."""
+def test_passes_with_given_parameters_equal_the_module(arch, make_model):
+    """What the gradient graphs capture: the phantom steps as a function of tensors standing for
+    every parameter (g and v included: the weights are normalised once, inside, with gradient);
+    the gradients reach those tensors, not the module's parameters."""
     model = normed_model(make_model, arch)
     core = model.core
     x = model.embedding(torch.randint(0, 101, (2, 10))).detach()
-    z = torch.randn_like(x, requires_grad=True)
+    z = torch.randn_like(x)
     inj = core.injection(x).detach().requires_grad_()
-    weights = Weights.of(core.backbone)
-    assert len(weights.slots) == len(weight_normed_layers(core.backbone))
-    assert not any("parametrizations" in name for name in weights.plain_names)
-    normalised = [w.detach().clone().requires_grad_() for w in weights.normalised]
-    plain = [p.detach().clone().requires_grad_() for p in weights.plain]
-    out = run_pass(core.backbone, weights, z, inj, None, normalised, plain)
+    params = dict(core.backbone.named_parameters())
+    given = {f"backbone.{name}": p.detach().clone().requires_grad_() for name, p in params.items()}
+    passes = PassesWithGradient(core.backbone, steps=3, damping=0.8)
+    calls = count_weight_norms(model)
+    out = functional_call(passes, given, (z, inj, None))
+    assert calls[0] == len(weight_normed_layers(core.backbone))  # once per layer for all three passes
     w = torch.randn_like(out)
-    given = torch.autograd.grad((out * w).sum(), [z, inj, *normalised, *plain])
+    got = torch.autograd.grad((out * w).sum(), [inj, *given.values()])
     assert all(p.grad is None for p in model.parameters())
-    with reading(weights.slots, weights.normalised):  # the module itself, its weights normalised once
-        expected_out = core.backbone(z, inj)
-    expected = torch.autograd.grad((expected_out * w).sum(), [z, inj, *weights.normalised, *weights.plain])
+    layers = weight_normed_layers(core.backbone)
+    with weight_norm.reading(layers, weight_norm.compute(layers)):
+        expected_out = phantom_steps(lambda v: core.backbone(v, inj), z, 3, 0.8)
+    expected = torch.autograd.grad((expected_out * w).sum(), [inj, *params.values()])
     assert torch.allclose(out, expected_out, rtol=0, atol=1e-13)
-    for a, b in zip(given, expected, strict=True):
+    for a, b in zip(got, expected, strict=True):
         assert torch.allclose(a, b, rtol=1e-10, atol=1e-13)
-    doubled = [2 * t for t in normalised]
-    with torch.no_grad():
-        assert not torch.allclose(run_pass(core.backbone, weights, z, inj, None, doubled, plain), expected_out)
+    doubled = {**given, "backbone.norm_f.weight": 2 * given["backbone.norm_f.weight"]}
+    with torch.no_grad():  # the given tensors are what the passes read
+        assert not torch.allclose(functional_call(passes, doubled, (z, inj, None)), expected_out)
 
 
 class StaticStep:
@@ -185,5 +187,5 @@ def test_the_phantom_cache_is_scoped_to_the_forward(make_model):
     before = layer.weight
     with torch.no_grad():
         layer.parametrizations.weight.original0.mul_(2.0)
-    assert not parametrize._cache_enabled
+    assert all(layer.__dict__.get("_weight_value") is None for layer in weight_normed_layers(model.core.backbone))
     assert torch.allclose(layer.weight, 2.0 * before)

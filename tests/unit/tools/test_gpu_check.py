@@ -1,0 +1,49 @@
+"""tools/gpu_check.py: documented, refuses a machine without a GPU in one line, and its checks run
+on the CPU emulation of CUDA graphs (the speed table and the fused kernels need a GPU)."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+
+import torch
+import torch.distributed as dist
+from support.cuda_graph_emulation import emulated
+from support.processes import ROOT
+
+
+def load_tool():
+    spec = importlib.util.spec_from_file_location("gpu_check", ROOT / "tools/gpu_check.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["gpu_check"] = module  # its dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_help_and_a_machine_without_a_gpu():
+    run = [sys.executable, "tools/gpu_check.py"]
+    shown = subprocess.run([*run, "--help"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert shown.returncode == 0
+    for word in ("kernels", "graphs", "nccl", "memory", "speed table", "Exits 0"):
+        assert word in shown.stdout, word
+    refused = subprocess.run(run, cwd=ROOT, capture_output=True, text=True, timeout=120,
+                             env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
+    assert refused.returncode == 2
+    assert refused.stdout.strip().splitlines() == [
+        "gpu_check: no GPU on this machine (torch.cuda.is_available() is False); nothing to check"]
+
+
+def test_the_graph_and_collective_checks_pass_on_the_emulation():
+    tool = load_tool()
+    with emulated():
+        lines = tool.graph_lines("tiny/llama-implicit", torch.device("cpu"), torch.float64, 2, 16,
+                                 "model.vocab_size=101", "implicit.weight_norm=true")
+    assert [line.figure.split(":")[0] for line in lines] == list(tool.MODES)
+    assert all(line.ok for line in lines), "\n".join(map(str, lines))
+    try:
+        line = tool.collective_line(torch.device("cpu"))
+    finally:
+        dist.destroy_process_group()
+    assert line.ok and str(line).startswith("gloo     ok    1 rank,")

@@ -1,0 +1,233 @@
+"""The first command on a new GPU node: kernels, CUDA graphs, NCCL, memory and a short speed table.
+
+    python tools/gpu_check.py [--config mamba2/130m-implicit] [--batch 8] [--seq-len 2048] [--dtype bf16]
+    torchrun --nproc_per_node=8 tools/gpu_check.py      # the all-reduce over every GPU of the node
+
+One line per check, `ok` or `FAIL` with its figure:
+
+  kernels   which fused kernels import (mamba_ssm + causal-conv1d, flash-attn)
+  fused     each fused kernel against the PyTorch path (tools/validate_kernels.py's comparisons)
+  graphs    a training step of two accumulated micro-batches with implicit.cuda_graphs=on against
+            eager, for the explicit model, (4+1), (24+4) and (24+4) at eps 0.05: the loss and the
+            worst gradient's relative error (graphs captured and replayed, not skipped)
+  nccl      an all-reduce of 256 MiB over the ranks (bus bandwidth where there are several)
+  memory    peak memory of a training step of each mode, eager and with graphs (FAIL where graphs
+            add more than 15 %)
+
+then the speed table of tools/bench_implicit.py for the config (ms/step, tokens/s, MFU, ratio to
+explicit; eager and graphs). The graph check runs at --check-batch x --check-seq-len; the table at
+--batch x --seq-len. Exits 0 when every check is ok, 1 when one fails, and 2 with one line on a
+machine without a GPU. On one H100 at the 130M shapes it takes a few minutes, the kernels'
+autotuning included.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import sys
+import time
+from argparse import Namespace
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import bench_implicit  # noqa: E402
+import validate_kernels  # noqa: E402
+
+from implicit_megatron import build_model, load_config  # noqa: E402
+from implicit_megatron.implicit import SolverSettings  # noqa: E402
+from implicit_megatron.models import kernels  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp64": torch.float64}
+TOLERANCE = {torch.float64: 1e-10, torch.float32: 2e-4, torch.bfloat16: 3e-2}
+MODES = {"explicit": None, "(4+1)": SolverSettings(max_iter=4, phantom_steps=1),
+         "(24+4)": SolverSettings(max_iter=24, phantom_steps=4),
+         "(24+4) eps 0.05": SolverSettings(max_iter=24, tol=0.05, phantom_steps=4)}
+MEMORY_LIMIT = 1.15  # graphs may add 15 % to eager's peak memory
+
+
+@dataclass
+class Line:
+    check: str
+    ok: bool
+    figure: str
+
+    def __str__(self) -> str:
+        return f"{self.check:<8} {'ok  ' if self.ok else 'FAIL'}  {self.figure}"
+
+
+def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
+    a, b = a.double(), b.double()
+    return ((a - b).norm() / b.norm().clamp_min(1e-30)).item()
+
+
+def build(config: str, explicit: bool, device, dtype, *overrides: str):
+    mode = ["implicit.enabled=false", "curriculum.phases=[]"] if explicit else []
+    cfg = load_config(ROOT / "configs" / f"{config}.yaml", [*mode, *overrides], check_files=False)
+    torch.manual_seed(0)
+    return build_model(cfg).to(device=device, dtype=dtype).train()
+
+
+def accumulated_step(model, batches) -> tuple[list[float], dict[str, torch.Tensor]]:
+    """Losses and accumulated gradients of one step over the micro-batches."""
+    model.zero_grad(set_to_none=True)
+    losses = []
+    for ids in batches:
+        loss = model(ids, labels=torch.roll(ids, -1, 1))
+        loss.backward()
+        losses.append(loss.item())
+    return losses, {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+def graph_lines(config: str, device, dtype, batch: int, seq_len: int, *overrides: str) -> list[Line]:
+    """Graphs against eager for each mode: the second of two steps (the first captures)."""
+    lines = []
+    for mode, settings in MODES.items():
+        model = build(config, settings is None, device, dtype, *overrides)
+        if settings is not None:
+            model.core.settings = settings
+        g = torch.Generator().manual_seed(0)
+        batches = [torch.randint(0, model.config.vocab_size, (batch, seq_len), generator=g).to(device)
+                   for _ in range(2)]
+        results = {}
+        for graphs in ("off", "on"):
+            model.core.cuda_graphs = graphs
+            accumulated_step(model, batches)
+            results[graphs] = accumulated_step(model, batches)
+        (eager_losses, eager), (losses, graphed) = results["off"], results["on"]
+        loss_err = max(abs(a - b) / abs(b) for a, b in zip(losses, eager_losses, strict=True))
+        worst = max(eager, key=lambda n: rel_err(graphed[n], eager[n]) if n in graphed else float("inf"))
+        grad_err = rel_err(graphed[worst], eager[worst]) if worst in graphed else float("inf")
+        used = any(key[0] == "grad" for key in model.core._graphs)
+        ok = used and set(graphed) == set(eager) and max(loss_err, grad_err) <= TOLERANCE[dtype]
+        lines.append(Line("graphs", ok, f"{mode}: loss {loss_err:.1e}, worst gradient {grad_err:.1e} ({worst})"
+                                        + ("" if used else "; the step ran eagerly")))
+        del model
+    return lines
+
+
+def memory_lines(config: str, batch: int, seq_len: int, dtype, *overrides: str) -> list[Line]:
+    lines = []
+    for mode, settings in MODES.items():
+        model = build(config, settings is None, "cuda", dtype, *overrides)
+        if settings is not None:
+            model.core.settings = settings
+        ids = torch.randint(0, model.config.vocab_size, (batch, seq_len), device="cuda")
+        peaks = {}
+        for graphs in ("off", "on"):
+            model.core.cuda_graphs, model.core._graphs = graphs, {}
+            torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats()
+            for _ in range(3):  # eager, capture, replay
+                accumulated_step(model, [ids])
+            peaks[graphs] = torch.cuda.max_memory_allocated() / 2**30
+        ratio = peaks["on"] / peaks["off"]
+        lines.append(Line("memory", ratio <= MEMORY_LIMIT,
+                          f"{mode}: eager {peaks['off']:.2f} GiB, graphs {peaks['on']:.2f} GiB ({ratio:.2f}x)"))
+        del model
+        torch.cuda.empty_cache()
+    return lines
+
+
+def collective_line(device) -> Line:
+    """An all-reduce of 256 MiB of float32 over every rank (a process group of one where torchrun
+    started none)."""
+    if not dist.is_initialized():
+        backend = "nccl" if device.type == "cuda" else "gloo"
+        if "RANK" in os.environ:
+            dist.init_process_group(backend)
+        else:
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", 0))
+                port = s.getsockname()[1]
+            dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    world = dist.get_world_size()
+    x = torch.ones(64 * 2**20, device=device)
+    dist.all_reduce(x)  # warm-up: the communicators are made on first use
+    x.fill_(1.0)
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    start = time.perf_counter()
+    dist.all_reduce(x)
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    seconds = time.perf_counter() - start
+    ok = bool((x == world).all())
+    busbw = 2 * (world - 1) / world * x.numel() * 4 / seconds / 1e9
+    return Line("nccl" if device.type == "cuda" else "gloo", ok,
+                f"{world} rank{'s' if world > 1 else ''}, {seconds * 1e3:.1f} ms" +
+                (f", bus bandwidth {busbw:.0f} GB/s" if world > 1 else ""))
+
+
+def kernel_lines(dtype) -> list[Line]:
+    installed = kernels.installed()
+    lines = [Line("kernels", True, ", ".join(f"{name} {'yes' if ok else 'no'}" for name, ok in installed.items()))]
+    if not any(installed.values()):
+        return lines
+    report = validate_kernels.Report()
+    args = Namespace(batch=2, seq_len=1000, d_model=768, ngroups=1, step_tokens=16, steps=5)
+    device = torch.device("cuda")
+    if installed["mamba_ssm+causal_conv1d"]:
+        validate_kernels.validate_mamba2(args, device, dtype, report)
+    if installed["flash_attn"]:
+        validate_kernels.validate_llama(args, device, report)
+    lines.append(Line("fused", not report.failed, "every fused path agrees with the PyTorch path" if not
+                      report.failed else f"differs from the PyTorch path: {', '.join(report.failed)}"))
+    return lines
+
+
+def speed_table(config: str, batch: int, seq_len: int, dtype_name: str) -> None:
+    args = Namespace(configs=config, batch=batch, seq_len=seq_len, repeats=3, graphs="off,auto", loss="chunked",
+                     modes="explicit,(4+1),(24+4) fixed,(24+4) eps=0.05", vocab_size=None, profile=False,
+                     top_kernels=0, compile=False, extras=False)
+    rows = bench_implicit.bench_config(config, args, torch.device("cuda"), DTYPES[dtype_name])
+    bench_implicit.print_table(rows)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--config", default="mamba2/130m-implicit", help="under configs/, without .yaml")
+    parser.add_argument("--dtype", choices=["fp32", "bf16"], default="bf16")
+    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--seq-len", type=int, default=2048)
+    parser.add_argument("--check-batch", type=int, default=2, help="micro-batch of the graph check")
+    parser.add_argument("--check-seq-len", type=int, default=512)
+    parser.add_argument("--skip-speed", action="store_true", help="the checks only, no speed table")
+    args = parser.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("gpu_check: no GPU on this machine (torch.cuda.is_available() is False); nothing to check")
+        return 2
+    torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    rank0 = int(os.environ.get("RANK", "0")) == 0
+    dtype = DTYPES[args.dtype]
+    lines = [collective_line(torch.device("cuda"))]
+    if rank0:
+        print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, {args.config}, {args.dtype}", flush=True)
+        lines = kernel_lines(dtype) + lines
+        for line in lines:
+            print(line, flush=True)
+        for line in graph_lines(args.config, torch.device("cuda"), dtype, args.check_batch, args.check_seq_len):
+            print(line, flush=True)
+            lines.append(line)
+        for line in memory_lines(args.config, args.batch, args.seq_len, dtype):
+            print(line, flush=True)
+            lines.append(line)
+        if not args.skip_speed:
+            speed_table(args.config, args.batch, args.seq_len, args.dtype)
+        failed = [line for line in lines if not line.ok]
+        print(f"{len(lines) - len(failed)} ok, {len(failed)} FAIL", flush=True)
+    dist.barrier()
+    dist.destroy_process_group()
+    return 1 if rank0 and any(not line.ok for line in lines) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
