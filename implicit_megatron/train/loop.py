@@ -13,7 +13,6 @@ import json
 import math
 import os
 import signal
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -32,6 +31,7 @@ from implicit_megatron.train.catbabi_task import group_hits
 from implicit_megatron.train.engine import build_engine, init_distributed
 from implicit_megatron.train.flops import peak_flops_per_device, step_flops
 from implicit_megatron.train.schedule import learning_rate
+from implicit_megatron.train.step_metrics import IntervalMetrics, read_on_host, reduce_over_ranks, step_flags
 from implicit_megatron.train.tasks import build_task
 from implicit_megatron.train.tracking import Tracker, append_metrics, read_metrics, validation_text
 
@@ -59,24 +59,6 @@ def lm_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     total = F.cross_entropy(logits.float().flatten(0, 1), labels.flatten(), ignore_index=IGNORE_INDEX,
                             reduction="sum")
     return total / (labels != IGNORE_INDEX).sum().clamp_min(1)
-
-
-def read_on_host(*groups: list[torch.Tensor]) -> list[list[float]]:
-    """Many device scalars in one transfer: each .item() would wait for the GPU on its own."""
-    flat = [t.reshape(()) for group in groups for t in group]
-    values = torch.stack(flat).tolist() if flat else []
-    out, start = [], 0
-    for group in groups:
-        out.append(values[start:start + len(group)])
-        start += len(group)
-    return out
-
-
-def reduce_over_ranks(values: list[float], device: torch.device, op=dist.ReduceOp.SUM) -> list[float]:
-    """All-reduce a few numbers; the tensor lives on the engine's device (NCCL has no CPU backend)."""
-    t = torch.tensor(values, dtype=torch.float64 if device.type == "cpu" else torch.float32, device=device)
-    dist.all_reduce(t, op=op)
-    return t.tolist()
 
 
 def mean_over_ranks(values: list[float], device: torch.device) -> list[float]:
@@ -111,12 +93,15 @@ class Trainer:
         self.batches = self.task.train_batches(self.rank, self.world, self.accum)
         self.progress = Progress()
         self.tracker = Tracker(cfg, active=self.rank == 0)
-        self.stop_requested = False
+        self.stop_requested = False  # this rank was asked to stop (SIGTERM, STOP_FILE)
+        self.stop_agreed = False  # some rank was, as of the last step: every rank stops after it
         self.last_eval: dict[str, float] = {}
         self.peak_flops = peak_flops_per_device(cfg)
         self.nan_loss_at_step = int(os.environ.get(NAN_LOSS_AT_STEP, "0"))
         self.loss_jump_at_step = int(os.environ.get(LOSS_JUMP_AT_STEP, "0"))
-        self.recent_losses: collections.deque[float] = collections.deque(maxlen=20)
+        self.recent_losses: collections.deque[float] = collections.deque(maxlen=20)  # of finite steps
+        self.unread_losses: list[torch.Tensor] = []  # step losses not yet in recent_losses
+        self.interval = IntervalMetrics()
         self.eod_id = load_tokenizer(cfg.data.tokenizer).eod_id if cfg.model.separate_documents else None
 
     # ---------------------------------------------------------------- set-up
@@ -228,15 +213,14 @@ class Trainer:
             self.tracker.finish(status)
             return
         try:
+            self.interval.reset()
             for step in range(start, end):
                 self.apply_phase(step)
-                metrics = self.train_step(step)
+                self.train_step(step)
                 p = self.progress
-                if p.step == self.loss_jump_at_step:  # fault injection for the tests: a reported jump only
-                    metrics["train/loss"] *= 1000.0
-                if not p.nonfinite_steps and (p.step % t.log_interval == 0 or p.step == end):
-                    self.report(metrics)
-                if self._agreed_stop():  # preemption: save at once, skip evaluation (grace periods are short)
+                if p.step % t.log_interval == 0 or p.step == end or self.stop_agreed:
+                    self.report(self.interval_metrics())
+                if self.stop_agreed:  # preemption: save at once, skip evaluation (grace periods are short)
                     tag = None if p.nonfinite_steps else self.save()
                     if self.rank == 0:  # tells launch/pretrain.sh the stop was graceful (it exits 0)
                         (out / STOP_FILE).unlink(missing_ok=True)
@@ -254,9 +238,11 @@ class Trainer:
                     self.report(self.evaluate())
                 phase_ends = self.phase_at(p.step) is not self.phase_at(p.step - 1)
                 due = p.step % self.cfg.checkpoint.interval == 0 or p.step == end or phase_ends
-                if due and not self._loss_jumped(metrics["train/loss"]):
-                    self.save()
-                self.recent_losses.append(metrics["train/loss"])
+                if due:
+                    loss = self._read_losses()
+                    if not self._loss_jumped(loss):
+                        self.save()
+                    self.recent_losses.append(loss)
             self.summary()
         except BaseException:
             status = "FAILED"
@@ -264,13 +250,14 @@ class Trainer:
         finally:
             self.tracker.finish(status)
 
-    def train_step(self, step: int) -> dict[str, float]:
+    def train_step(self, step: int) -> None:
+        """One optimizer step over `accum` micro-batches. The host reads one pair of flags (finite,
+        stop) per step; what the step reports stays on the device until the log interval ends."""
         lr = learning_rate(step, self.cfg)
         for group in self.engine.optimizer.param_groups:
             group["lr"] = lr
-        started = time.perf_counter()
+        losses, correct, residual, converged, passes, phantom = [], [], [], [], 0, 0
         grad_norm = None
-        losses, correct, passes, phantom, residual, converged = [], [], 0, 0, [], []
         for _ in range(self.accum):
             inputs, labels = (t.to(self.engine.device) for t in self.task.inputs_and_targets(next(self.batches)))
             if self.task.reports_accuracy:
@@ -282,46 +269,60 @@ class Trainer:
             if step + 1 == self.nan_loss_at_step:  # fault injection for the tests
                 loss = loss * float("nan")
             self.engine.backward(loss)
+            losses.append(loss.detach().float())
             if self.engine.is_gradient_accumulation_boundary():
                 grad_norm = self._grad_norm()
-                if grad_norm is not None and not math.isfinite(grad_norm):
+                finite, self.stop_agreed = step_flags(losses, grad_norm, self._stop_asked(), self.engine.device)
+                if not finite:
                     self._drop_gradients()
             self.engine.step()
-            losses.append(loss.detach().float())
             stats = self.engine.module.core.last_stats
             if stats is not None:
                 passes, phantom = passes + stats.passes, phantom + stats.phantom_passes
                 residual.append(stats.residual.detach().float().max())
                 converged.append(stats.converged.float().mean())
-        losses, correct, residual, converged = read_on_host(losses, correct, residual, converged)
-        seconds = time.perf_counter() - started
         p = self.progress
         p.step += 1
-        tokens = self.cfg.train.global_batch_size * self.cfg.data.seq_len
         p.consumed_samples += self.cfg.train.global_batch_size
-        p.consumed_tokens += tokens
-        loss = sum(losses) / len(losses)
-        (finite,) = reduce_over_ranks([1.0 if math.isfinite(loss) else 0.0], self.engine.device, dist.ReduceOp.MIN)
+        p.consumed_tokens += self.cfg.train.global_batch_size * self.cfg.data.seq_len
         p.nonfinite_steps = 0 if finite else p.nonfinite_steps + 1
         p.skipped_steps += 0 if finite else 1
-        metrics = {"train/loss": loss, "train/lr": lr, "train/tokens_per_s": tokens / seconds,
-                   "train/consumed_samples": p.consumed_samples}
-        if correct:
-            metrics["train/accuracy"] = sum(correct) / len(correct)
-        grad_norm = self.engine.get_global_grad_norm() if grad_norm is None else grad_norm
-        if grad_norm is not None:
-            metrics["train/grad_norm"] = float(grad_norm)
-        if residual:
-            metrics.update({"solver/iterations": passes / self.accum, "solver/residual": max(residual),
-                            "solver/converged_frac": sum(converged) / len(converged)})
-        if self.peak_flops:  # passes per micro-batch; the explicit model is one pass with gradient
-            solver, with_grad = (passes / self.accum, phantom / self.accum) if residual else (0, 1)
-            flops = step_flops(self.cfg, self.backbone_params, tokens / self.world, self.cfg.data.seq_len,
-                               solver, with_grad)
-            metrics["train/mfu"] = flops / seconds / self.peak_flops
+        if not finite:
+            return
+        if grad_norm is None:
+            grad_norm = self.engine.get_global_grad_norm()
+        if p.step == self.loss_jump_at_step:  # fault injection for the tests: a reported jump only
+            losses = [loss * 1000.0 for loss in losses]
+        self.unread_losses.append(torch.stack(losses).mean())
+        self.interval.add_step(losses, correct, residual, converged, passes, grad_norm,
+                               self._step_flops(passes, phantom))
+
+    def _step_flops(self, passes: int, phantom: int) -> float:
+        """FLOPs per device of a step with these passes (summed over its micro-batches)."""
+        if not self.peak_flops:
+            return 0.0
+        solver, with_grad = (passes / self.accum, phantom / self.accum) if self.engine.module.core.implicit \
+            else (0, 1)
+        tokens = self.cfg.train.global_batch_size * self.cfg.data.seq_len / self.world
+        return step_flops(self.cfg, self.backbone_params, tokens, self.cfg.data.seq_len, solver, with_grad)
+
+    def interval_metrics(self) -> dict[str, float]:
+        metrics = self.interval.read(self.cfg.train.global_batch_size * self.cfg.data.seq_len, self.peak_flops)
+        if not metrics:
+            return {}
+        metrics.update({"train/lr": learning_rate(self.progress.step - 1, self.cfg),
+                        "train/consumed_samples": self.progress.consumed_samples})
         if torch.cuda.is_available():
             metrics["memory/max_allocated_gib"] = torch.cuda.max_memory_allocated() / 2**30
         return metrics
+
+    def _read_losses(self) -> float:
+        """The losses of the steps since the last read, into recent_losses but for the last, which
+        is returned (the loss-jump guard compares it with the ones before)."""
+        (values,) = read_on_host(self.unread_losses)
+        self.unread_losses = []
+        self.recent_losses.extend(values[:-1])
+        return values[-1]
 
     def forward(self, inputs: torch.Tensor, labels: torch.Tensor | None = None) -> torch.Tensor:
         """Logits, or with labels the mean loss (computed without the whole batch's logits)."""
@@ -468,13 +469,14 @@ class Trainer:
         if self.rank == 0:
             print(f"[train] {message}", flush=True)
 
-    def _grad_norm(self) -> float | None:
+    def _grad_norm(self) -> torch.Tensor | None:
         """The global gradient norm before clipping where DeepSpeed does not report it (ZeRO-0:
-        gradients are whole and already averaged over ranks at the accumulation boundary)."""
+        gradients are whole and already averaged over ranks at the accumulation boundary), on the
+        device."""
         if self.cfg.distributed.zero_stage != 0 or self.cfg.distributed.precision != "fp32":
             return None  # DeepSpeed's optimizer wrappers report the norm and handle overflow themselves
         grads = [p.grad for p in self.engine.module.parameters() if p.grad is not None]
-        return torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g.float()) for g in grads])).item()
+        return torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g.float()) for g in grads]))
 
     def _drop_gradients(self) -> None:
         """Keep the parameters where they are under ZeRO-0: zero gradients and a zero learning rate
@@ -489,12 +491,10 @@ class Trainer:
     def _on_sigterm(self, signum, frame) -> None:
         self.stop_requested = True
 
-    def _agreed_stop(self) -> bool:
-        """True on every rank when any rank was asked to stop (a checkpoint needs them all): by
-        SIGTERM, or by launch/pretrain.sh, which writes STOP_FILE when it receives one itself."""
+    def _stop_asked(self) -> bool:
+        """Whether this rank was asked to stop: by SIGTERM, or (rank 0) by launch/pretrain.sh, which
+        writes STOP_FILE when it receives one itself. `step_flags` agrees on it over the ranks (a
+        checkpoint needs them all)."""
         if self.rank == 0 and (Path(self.cfg.output_dir) / STOP_FILE).exists():
             self.stop_requested = True
-        (flag,) = reduce_over_ranks([1.0 if self.stop_requested else 0.0], self.engine.device, dist.ReduceOp.MAX)
-        self.stop_requested = bool(flag)
         return self.stop_requested
-
