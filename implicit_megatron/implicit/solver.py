@@ -162,8 +162,9 @@ class _AndersonHistory:
 
     Solves min_a ||sum_i a_i g_i||^2 subject to sum_i a_i = 1, with g_i = F(x_i) - x_i and Tikhonov
     regularisation, then mixes x_next = sum_i a_i (F(x_i) - (1 - beta) g_i). The history stays in
-    the iterate's dtype; only the small (window + 1)^2 system is solved in float64. A singular
-    system falls back to the plain iterate F(x) for that pass.
+    the iterate's dtype; only the small (window + 1)^2 system is solved in float64. A sample whose
+    system is singular takes the plain iterate F(x) for that pass; the choice is made on the
+    device, so a pass reads nothing back but the stop rule's residual.
     """
 
     def __init__(self, settings: AndersonSettings):
@@ -190,9 +191,8 @@ class _AndersonHistory:
         rhs = torch.zeros(batch, m + 1, 1, dtype=gram.dtype, device=gram.device)
         rhs[:, 0] = 1
         solution, info = torch.linalg.solve_ex(system, rhs)
-        if bool((info != 0).any()) or not torch.isfinite(solution).all():
-            return f_x
-        alpha = solution[:, 1:].to(G.dtype)  # (B, m, 1)
+        solved = (info == 0) & torch.isfinite(solution).flatten(1).all(1)  # per sample, on the device
+        alpha = torch.where(solved[:, None, None], solution[:, 1:], 0.0).to(G.dtype)  # (B, m, 1)
         F = torch.stack(self.fs, dim=1)
         mixed = (alpha * (F - (1 - self.settings.mixing) * G)).sum(1)
-        return mixed.view_as(x)
+        return torch.where(solved.view(-1, *[1] * (x.dim() - 1)), mixed.view_as(x), f_x)

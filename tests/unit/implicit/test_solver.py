@@ -70,6 +70,25 @@ def test_anderson_falls_back_on_a_singular_system():
     assert torch.isfinite(z).all() and torch.equal(z, torch.ones_like(z)) and stats.passes == 5
 
 
+def test_anderson_reads_the_host_only_for_the_stop_rule():
+    """One read per pass, the agreed residual; the singular-system fallback is decided on the device."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Items(TorchDispatchMode):
+        count = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func is torch.ops.aten._local_scalar_dense.default:
+                Items.count += 1
+            return func(*args, **(kwargs or {}))
+
+    f, _ = affine_contraction(rate=0.95, seed=1)
+    with Items():
+        _, stats = solve(f, torch.zeros(3, 20, dtype=torch.float64), max_iter=50, tol=1e-8,
+                         anderson=AndersonSettings(enabled=True, window=6))
+    assert Items.count == stats.passes
+
+
 def test_zero_passes_returns_the_start():
     z0 = torch.randn(2, 4)
     z, stats = solve(lambda z: z + 1, z0, max_iter=0, tol=None)
