@@ -10,6 +10,9 @@
 # checkpoint.load_optimizer / load_data_state say no; step and LR schedule continue), or its own
 # (a resume). A changed world size or ZeRO stage is handled by the training entry. Run it again
 # after a failure: finished phases are skipped, an unfinished one resumes.
+# Preemption: SIGTERM (to this script, to the phase's pretrain.sh or to the whole job) stops the
+# running phase with a checkpoint and ends the curriculum with exit 0 without starting the next
+# phase; launch it again to resume that phase.
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$root"
@@ -30,8 +33,21 @@ if [ -z "${PYTHON:-}" ]; then
 fi
 export PYTHON
 
+# One phase's launch in the background, so that a SIGTERM here reaches it as a graceful stop.
+run_phase() {
+  "$@" &
+  child=$!
+  trap 'kill -TERM "$child" 2>/dev/null || true' TERM
+  while :; do
+    set +e; wait "$child"; rc=$?; set -e
+    kill -0 "$child" 2>/dev/null || break  # a wait cut short by the trap: the phase still runs
+  done
+  trap - TERM
+  return "$rc"
+}
+
 plan="$("$PYTHON" -m implicit_megatron.train.curriculum "$config" "$@")"
-while IFS=$'\t' read -r -u 3 name status nodes procs hostfile; do
+while IFS=$'\t' read -r -u 3 name status nodes procs hostfile outdir; do
   if [ "$status" = done ]; then
     echo "[curriculum] phase $name: finished, skipped"
     continue
@@ -41,6 +57,10 @@ while IFS=$'\t' read -r -u 3 name status nodes procs hostfile; do
   [ "$procs" != - ] && settings+=("GPUS_PER_NODE=$procs" "NPROC=$procs")
   [ "$hostfile" != - ] && settings+=("HOSTFILE=$hostfile")
   echo "[curriculum] phase $name: starting${settings[*]:+ with ${settings[*]}}"
-  env ${settings[@]+"${settings[@]}"} bash launch/pretrain.sh "$config" "$@" "curriculum.run_phase=$name"
+  run_phase env ${settings[@]+"${settings[@]}"} bash launch/pretrain.sh "$config" "$@" "curriculum.run_phase=$name"
+  if [ -f "$outdir/preempted.json" ]; then  # a graceful stop: pretrain.sh exited 0, the phase is not done
+    echo "[curriculum] phase $name: stopped early with a checkpoint ($(cat "$outdir/preempted.json")); launch the curriculum again to resume it"
+    exit 0
+  fi
 done 3<<< "$plan"  # fd 3: the launches may read standard input
 echo "[curriculum] every phase of $config is finished"

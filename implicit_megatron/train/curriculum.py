@@ -3,8 +3,9 @@
     python -m implicit_megatron.train.curriculum CONFIG [key=value ...]
 
 prints one tab-separated line per phase: name, status (done | todo), number of nodes, processes
-per node and hostfile ("-" where the phase leaves the environment's choice). A phase is done
-when the run's latest complete checkpoint is at or after the phase's last step.
+per node, hostfile ("-" where the phase leaves the environment's choice) and the run's output
+folder. A phase is done when the run's latest complete checkpoint is at or after the phase's last
+step.
 """
 
 from __future__ import annotations
@@ -72,7 +73,7 @@ def phase_configs(config: str, overrides: list[str], world_size: int | None = No
     return configs
 
 
-def plan(config: str, overrides: list[str]) -> list[tuple[str, str, str, str, str]]:
+def plan(config: str, overrides: list[str]) -> list[tuple[str, ...]]:
     """Every phase, its config checked as its own launch will load it, before any of them starts."""
     rows = []
     for cfg in phase_configs(config, overrides):
@@ -81,7 +82,8 @@ def plan(config: str, overrides: list[str]) -> list[tuple[str, str, str, str, st
         launch = phase.launch
         status = "done" if finished_step(cfg) >= end else "todo"
         rows.append((name, status, *("-" if v is None else str(v)
-                                     for v in (launch.num_nodes, launch.processes_per_node, launch.hostfile))))
+                                     for v in (launch.num_nodes, launch.processes_per_node, launch.hostfile)),
+                     str(cfg.output_dir)))
     return rows
 
 

@@ -4,8 +4,11 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 from support.processes import ROOT, child_env, free_port
@@ -57,3 +60,30 @@ def test_two_phase_curriculum_end_to_end(shakespeare_shards, tmp_path):
     again = curriculum(*args)
     assert again.returncode == 0
     assert "phase bounded: finished, skipped" in again.stdout and "phase free: finished, skipped" in again.stdout
+
+
+@pytest.mark.distributed
+def test_a_stopped_phase_ends_the_curriculum_and_resumes_next_time(shakespeare_shards, tmp_path):
+    """SIGTERM to the whole job (as SLURM sends it) while the bounded phase trains: the phase saves
+    and stops, the curriculum exits 0 without starting the free phase, and says how to resume."""
+    args = [f"data.prefixes=[{shakespeare_shards}]", "data.source=null", f"train.output_dir={tmp_path}",
+            "train.steps=400", "train.eval_interval=1000", "train.log_interval=1", "tracking.enabled=false",
+            "checkpoint.interval=1000"]
+    env = child_env(PYTHON=sys.executable, MASTER_PORT=str(free_port()))
+    proc = subprocess.Popen(["bash", "launch/curriculum.sh", CONFIG, *args], cwd=ROOT, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    metrics, deadline = tmp_path / "metrics.jsonl", time.time() + 180
+    while not (metrics.is_file() and metrics.read_text().count("\n") >= 2):
+        assert proc.poll() is None and time.time() < deadline, proc.stdout.read()[-3000:]
+        time.sleep(0.1)
+    os.killpg(proc.pid, signal.SIGTERM)
+    out, _ = proc.communicate(timeout=180)
+    assert proc.returncode == 0, out[-3000:]
+    stopped = json.loads((tmp_path / "preempted.json").read_text())
+    assert stopped["checkpoint"] == f"bounded-step{stopped['step']}"
+    assert "[curriculum] phase bounded: stopped early with a checkpoint" in out
+    assert "launch the curriculum again to resume it" in out
+    assert "phase free: starting" not in out and "every phase" not in out
+    plan = subprocess.run([sys.executable, "-m", "implicit_megatron.train.curriculum", CONFIG, *args], cwd=ROOT,
+                          env=env, capture_output=True, text=True, timeout=120)
+    assert [row.split("\t")[:2] for row in plan.stdout.splitlines()] == [["bounded", "todo"], ["free", "todo"]]

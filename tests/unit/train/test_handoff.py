@@ -133,7 +133,8 @@ def test_phase_settings_apply_to_their_own_launch_only():
 
 def test_curriculum_plan_marks_finished_phases(tmp_path):
     overrides = [f"train.output_dir={tmp_path}", "train.steps=10"]
-    assert plan(CURRICULUM, overrides) == [("bounded", "todo", "-", "2", "-"), ("free", "todo", "-", "1", "-")]
+    assert plan(CURRICULUM, overrides) == [("bounded", "todo", "-", "2", "-", str(tmp_path)),
+                                           ("free", "todo", "-", "1", "-", str(tmp_path))]
     fake_checkpoint(tmp_path, "bounded-step8", 2, 2)
     assert [row[1] for row in plan(CURRICULUM, overrides)] == ["done", "todo"]
     (tmp_path / "checkpoints" / "latest").write_text("free-step10\n")  # names a tag that is not there
