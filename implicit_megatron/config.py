@@ -388,7 +388,7 @@ def validate(cfg: Config, sources: dict[str, str] | None = None, world_size: int
         if cfg.distributed.activation_checkpointing:
             fail("implicit.cuda_graphs", "activation checkpointing recomputes passes during backward; "
                                          "use auto or turn distributed.activation_checkpointing off")
-    checks.validate_curriculum(cfg, fail)
+    checks.validate_curriculum(cfg, fail, sources)
 
     t = cfg.train
     for key in ("steps", "global_batch_size", "micro_batch_size", "log_interval", "eval_interval"):

@@ -34,11 +34,22 @@ def validate_word_problem(cfg: Config, fail) -> None:
         fail("model.separate_documents", "word problems have no documents to separate")
 
 
-def validate_curriculum(cfg: Config, fail) -> None:
+PHASE_SOLVER_KEYS = ("max_iter", "tol", "phantom_steps")  # what every phase sets for itself
+
+
+def validate_curriculum(cfg: Config, fail, sources: dict[str, str] | None = None) -> None:
     from implicit_megatron.config import phase_bounds
+    from implicit_megatron.utils.typed_yaml import COMMAND_LINE
 
     phases = cfg.curriculum.phases
     names = [p.name for p in phases]
+    for k in PHASE_SOLVER_KEYS if phases else ():
+        if (sources or {}).get(f"implicit.{k}") == COMMAND_LINE:
+            example = next((p.name for p in phases if p.kind == "free"), phases[-1].name) if k == "tol" \
+                else phases[-1].name
+            fail(f"implicit.{k}", f"every phase of the curriculum sets its own {k}, so this override would be "
+                                  f"ignored; set it for a phase, e.g. curriculum.phases.{example}.{k}=... "
+                                  f"(phases: {', '.join(names)})")
     for i, phase in enumerate(phases):
         key = f"curriculum.phases[{i}]"
         if names.count(phase.name) > 1:
@@ -48,6 +59,8 @@ def validate_curriculum(cfg: Config, fail) -> None:
                                "or make the phase kind 'free'")
         if phase.kind == "free" and phase.tol is None:
             fail(f"{key}.tol", "a free phase needs a stopping tolerance (the paper: 0.05)")
+        if phase.tol is not None and phase.tol <= 0:
+            fail(f"{key}.tol", f"expected a positive tolerance, got {phase.tol}")
         if phase.max_iter < 1:
             fail(f"{key}.max_iter", f"expected at least 1, got {phase.max_iter}")
         if phase.kind == "unrolled" and phase.phantom_steps != 0:

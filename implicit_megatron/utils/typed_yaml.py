@@ -100,7 +100,11 @@ def _replaced_by(dotted: str, top: dict) -> bool:
 
 
 def apply_overrides(data: dict, sources: dict, overrides: list[str]) -> tuple[dict, dict]:
-    """Apply `a.b.c=value` overrides; values are parsed as YAML (null, 4, [1, 2], true)."""
+    """Apply `a.b.c=value` overrides; values are parsed as YAML (null, 4, [1, 2], true).
+
+    An element of a list is named by its index or, in a list of mappings with a `name`, by that
+    name: `curriculum.phases.free.tol=0.01`, `curriculum.phases.1.launch.num_nodes=2` and
+    `curriculum.phases[1].tol=0.01` change one phase and keep the others."""
     for item in overrides:
         if "=" not in item:
             raise ConfigError(COMMAND_LINE, item, "expected an override of the form key.sub_key=value")
@@ -110,11 +114,58 @@ def apply_overrides(data: dict, sources: dict, overrides: list[str]) -> tuple[di
             value = yaml.safe_load(raw) if raw.strip() else ""
         except yaml.YAMLError as err:
             raise ConfigError(COMMAND_LINE, dotted, f"value is not valid YAML: {err}") from None
+        parts = [p for part in re.sub(r"\[(\d+)\]", r".\1", dotted).split(".") for p in [part] if p]
+        if _crosses_a_list(data, parts):
+            data, key = _set_in_list(data, parts, value, dotted)
+            sources = {k: v for k, v in sources.items() if k != key and not k.startswith(key + ".")}
+            sources.update({key: COMMAND_LINE} if not isinstance(value, dict) or not value else
+                           {f"{key}.{k}": COMMAND_LINE for k in leaf_keys(value)})
+            continue
         nested: Any = value
-        for part in reversed(dotted.split(".")):
+        for part in reversed(parts):
             nested = {part: nested}
         data, sources = merge(data, sources, nested, {k: COMMAND_LINE for k in leaf_keys(nested)})
     return data, sources
+
+
+def _crosses_a_list(data: Any, parts: list[str]) -> bool:
+    """Whether the path goes into an element of an existing list (not just replaces the list)."""
+    node = data
+    for i, part in enumerate(parts):
+        if isinstance(node, list):
+            return True
+        if not isinstance(node, dict) or part not in node:
+            return False
+        node = node[part]
+        if isinstance(node, list) and i == len(parts) - 1:
+            return False  # the whole list is replaced
+    return False
+
+
+def _set_in_list(data: Any, parts: list[str], value: Any, dotted: str) -> tuple[Any, str]:
+    """A copy of `data` with the value set at the path; returns it and the canonical key of what
+    was set (list elements as `[i]`, e.g. curriculum.phases[1].tol), which errors then name."""
+    if not parts:
+        return value, ""
+    head, rest = parts[0], parts[1:]
+    if isinstance(data, list):
+        names = [e.get("name") for e in data if isinstance(e, dict)]
+        if head.isdigit() and int(head) < len(data):
+            index = int(head)
+        elif head in names:
+            index = names.index(head)
+        else:
+            known = f"names {', '.join(map(str, names))} or " if any(names) else ""
+            raise ConfigError(COMMAND_LINE, dotted, f"no element {head!r} in this list (expected {known}an index "
+                                                    f"below {len(data)})")
+        child, key = _set_in_list(data[index], rest, value, dotted)
+        return [*data[:index], child, *data[index + 1:]], f"[{index}]" + (f".{key}" if key else "")
+    node = dict(data) if isinstance(data, dict) else {}
+    child, key = _set_in_list(node.get(head), rest, value, dotted)
+    if isinstance(child, dict) and isinstance(node.get(head), dict) and not rest:
+        child = _merge_data(node[head], child)
+    node[head] = child
+    return node, head + (("" if key.startswith("[") else ".") + key if key else "")
 
 
 # --------------------------------------------------------------------------- typing
@@ -209,7 +260,16 @@ def to_dict(obj: Any) -> Any:
 
 
 def source_of(sources: dict[str, str], dotted: str) -> str:
-    """The file that set `dotted`, its nearest enclosing key, or its first sub-key ("" if none)."""
+    """The file that set `dotted`, its nearest enclosing key, or its first sub-key ("" if none).
+    A list element's key (`phases[1].tol`) is looked up as it is, then for the list as a whole."""
+    exact = dotted
+    while "[" in exact:
+        if exact in sources:
+            return sources[exact]
+        below = [v for k, v in sources.items() if k.startswith(exact + ".")]
+        if below:
+            return below[-1]
+        exact = exact.rsplit(".", 1)[0] if "." in exact.split("]")[-1] else exact.rsplit("[", 1)[0]
     key = re.sub(r"\[\d+\]", "", dotted)
     while key:
         if key in sources:

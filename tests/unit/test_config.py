@@ -171,12 +171,40 @@ def test_yaml_file_problems(tmp_path):
 def test_base_chain_and_overrides(tmp_path):
     child = write(tmp_path, "child.yaml", f"base: {CONFIGS / 'tiny/mamba2-implicit.yaml'}\n"
                                           "name: child\ntrain: {steps: 30}\n")
-    cfg = load_config(child, ["implicit.tol=null", "train.micro_batch_size=2", "data.prefixes=[a, b]"])
+    cfg = load_config(child, ["curriculum.phases=[]", "implicit.tol=null", "train.micro_batch_size=2",
+                              "data.prefixes=[a, b]"])
     assert cfg.name == "child" and cfg.train.steps == 30 and cfg.train.global_batch_size == 8
     assert cfg.implicit.tol is None and cfg.train.micro_batch_size == 2
     assert cfg.data.prefixes == ["a", "b"]
     assert cfg.model.d_model == 64  # from the grandparent
     assert cfg.output_dir == "runs/child"
+
+
+def test_one_phase_is_overridden_by_name_or_index_and_blamed_on_the_command_line():
+    tiny = CONFIGS / "tiny/mamba2-implicit.yaml"
+    cfg = load_config(tiny, ["curriculum.phases.free.tol=0.01", "curriculum.phases.0.launch.processes_per_node=2",
+                             "curriculum.phases[1].max_iter=8"], check_files=False)
+    assert [(p.name, p.tol, p.max_iter, p.launch.processes_per_node) for p in cfg.curriculum.phases] == [
+        ("bounded", None, 4, 2), ("free", 0.01, 8, None)]
+    assert str(error_of(tiny, ["curriculum.phases.free.tol=-1"])) == \
+        "command line: curriculum.phases[1].tol: expected a positive tolerance, got -1.0"
+    assert str(error_of(tiny, ["curriculum.phases[0].tol=0.1"])).startswith(
+        "command line: curriculum.phases[0].tol: a bounded phase runs exactly max_iter passes")
+    assert str(error_of(tiny, ["curriculum.phases.middle.tol=0.1"])) == (
+        "command line: curriculum.phases.middle.tol: no element 'middle' in this list (expected names bounded, free "
+        "or an index below 2)")
+    assert str(error_of(tiny, ["curriculum.phases[1].tol=0"])).startswith("command line: curriculum.phases[1].tol")
+
+
+def test_a_solver_override_that_the_phases_would_ignore_is_refused():
+    tiny = CONFIGS / "tiny/mamba2-implicit.yaml"
+    assert str(error_of(tiny, ["implicit.tol=0.01"])) == (
+        "command line: implicit.tol: every phase of the curriculum sets its own tol, so this override would be "
+        "ignored; set it for a phase, e.g. curriculum.phases.free.tol=... (phases: bounded, free)")
+    for key in ("max_iter=8", "phantom_steps=2"):
+        assert "every phase of the curriculum sets its own" in str(error_of(tiny, [f"implicit.{key}"]))
+    cfg = load_config(tiny, ["curriculum.phases=[]", "implicit.tol=0.01", "implicit.damping=0.5"], check_files=False)
+    assert cfg.implicit.tol == 0.01 and cfg.implicit.damping == 0.5  # no phases: the implicit keys rule
 
 
 def test_phase_bounds_cover_all_steps():
