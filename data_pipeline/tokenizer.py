@@ -43,6 +43,12 @@ class Tokenizer:
             return self.backend.decode(list(ids), skip_special_tokens=False)
         return self.backend.decode(list(ids))
 
+    def vocabulary(self) -> dict[str, int]:
+        """Every token's text and id (added and special tokens included)."""
+        if self.kind == "hf":
+            return self.backend.get_vocab(with_added_tokens=True)
+        return {self.backend.id_to_piece(i): i for i in range(self.vocab_size)}
+
     def token_id(self, token: str) -> int:
         """Id of a token given by its text; UnknownTokenError (a ValueError) when the vocabulary lacks it."""
         tid = self.backend.token_to_id(token) if self.kind == "hf" else self.backend.piece_to_id(token)

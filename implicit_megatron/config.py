@@ -136,6 +136,8 @@ class DataConfig:
     seq_len: int = 2048
     seed: int = 1234
     source: str | None = None  # raw text to build missing shards from (the quickstart corpus)
+    # train although data.tokenizer is not the tokenizer the shards were built with (their _stats.json)
+    allow_tokenizer_mismatch: bool = False
 
 
 @dataclass

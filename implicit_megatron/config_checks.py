@@ -140,6 +140,40 @@ def validate_data(cfg: Config, fail) -> None:
             if split == "train" and tokens < cfg.data.seq_len + 1:
                 fail(key, f"the train split of {prefix!r} holds {tokens} tokens, fewer than one sample "
                           f"(data.seq_len + 1 = {cfg.data.seq_len + 1})")
+        if not cfg.data.allow_tokenizer_mismatch:
+            check_shard_tokenizer(cfg, prefix, fail)
+
+
+def check_shard_tokenizer(cfg: Config, prefix: str, fail) -> None:
+    """The shards' _stats.json names the tokenizer they were built with: the config's must be the
+    same file, or a file with the same vocabulary (e.g. its uncompressed copy)."""
+    import json
+
+    from data_pipeline.plan import file_sha256
+    from data_pipeline.tokenizer import load_tokenizer
+
+    stats_path = Path(f"{prefix}_stats.json")
+    if not stats_path.is_file():
+        return
+    try:
+        stats = json.loads(stats_path.read_text())
+        built_with, built_sha = stats["tokenizer"], stats["tokenizer_sha256"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return  # an older or foreign stats file: nothing recorded to compare
+    ours = load_tokenizer(cfg.data.tokenizer)
+    ours_sha = file_sha256(ours.path)
+    if ours_sha == built_sha:
+        return
+    try:
+        same = load_tokenizer(built_with).vocabulary() == ours.vocabulary()
+    except (OSError, ValueError):
+        same = False  # the shards' tokenizer is not here to compare vocabularies with
+    if not same:
+        fail("data.tokenizer", f"{cfg.data.tokenizer} (sha256 {ours_sha[:12]}) is not the tokenizer the shards "
+                               f"{prefix}_* were built with: {stats_path} names {built_with} (sha256 "
+                               f"{built_sha[:12]}), whose token ids mean other tokens. Point data.tokenizer at that "
+                               "tokenizer, rebuild the shards with this one, or set "
+                               "data.allow_tokenizer_mismatch=true to train anyway")
 
 
 def validate_catbabi(cfg: Config, fail, check_files: bool, check_data: bool) -> None:

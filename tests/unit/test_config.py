@@ -267,3 +267,25 @@ def test_missing_required_key_and_impossible_values():
         assert error_of(CONFIGS / "tiny/mamba2-implicit.yaml", [override]).key == key, override
     short = error_of(CONFIGS / "tiny/mamba2-implicit.yaml", ["train.steps=2", "schedule.warmup_steps=1"])
     assert short.key == "curriculum.phases[1].fraction" and "gets no step" in short.message
+
+
+def test_a_tokenizer_that_is_not_the_shards_one_is_refused_by_name(shakespeare_shards, tmp_path):
+    import json
+    import lzma
+
+    tiny = CONFIGS / "tiny/mamba2-implicit.yaml"
+    data = [f"data.prefixes=[{shakespeare_shards}]", "data.source=null"]
+    raw = lzma.decompress((ROOT / "data/tokenizers/gpt-neox-20b.json.xz").read_bytes())
+    copy = tmp_path / "neox.json"
+    copy.write_bytes(raw)  # the same vocabulary in another file: accepted
+    load_config(tiny, [*data, f"data.tokenizer={copy}"], check_data=True)
+    other = json.loads(raw)
+    vocab = other["model"]["vocab"]
+    vocab["the"], vocab["The"] = vocab["The"], vocab["the"]
+    changed = tmp_path / "other.json"
+    changed.write_text(json.dumps(other))
+    error = error_of(tiny, [*data, f"data.tokenizer={changed}"], check_data=True)
+    assert error.source == "command line" and error.key == "data.tokenizer"
+    assert str(changed) in error.message and "data/tokenizers/gpt-neox-20b.json.xz" in error.message
+    assert f"{shakespeare_shards}_stats.json" in error.message and "allow_tokenizer_mismatch" in error.message
+    load_config(tiny, [*data, f"data.tokenizer={changed}", "data.allow_tokenizer_mismatch=true"], check_data=True)
