@@ -1,11 +1,11 @@
-"""The phases launch/curriculum.sh runs, one launch each, and which of them are finished.
+"""The phases of a run: where each begins and ends, and which launch/curriculum.sh still runs.
 
     python -m implicit_megatron.train.curriculum CONFIG [key=value ...]
 
-prints one tab-separated line per phase: name, status (done | todo), number of nodes, processes
-per node, hostfile ("-" where the phase leaves the environment's choice) and the run's output
-folder. A phase is done when the run's latest complete checkpoint is at or after the phase's last
-step.
+prints one tab-separated line per phase, as launch/curriculum.sh runs them (one launch each): name,
+status (done | todo), number of nodes, processes per node, hostfile ("-" where the phase leaves the
+environment's choice) and the run's output folder. A phase is done when the run's latest complete
+checkpoint is at or after the phase's last step (as the run's recorded phase ranges say).
 """
 
 from __future__ import annotations
@@ -13,14 +13,73 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from implicit_megatron.config import Config, load_config, phase_bounds
+from implicit_megatron.config import Config, PhaseConfig, load_config, phase_bounds
 from implicit_megatron.train.integrity import DamagedCheckpoint, check_tag, newest_complete, read_latest, step_of
 from implicit_megatron.utils.typed_yaml import ConfigError, apply_overrides, read_yaml_chain
 
+Bounds = list[tuple[PhaseConfig, int, int]]
 
-def finished_step(cfg: Config) -> int:
-    """The step of the run's latest complete checkpoint (0 when there is none). A damaged `latest`
-    or tag counts as the newest complete one before it, where the phase's launch will resume."""
+
+def run_bounds(cfg: Config, trained: list | None, step: int) -> tuple[Bounds, str | None]:
+    """The phases' step ranges for a run at `step` whose checkpoint recorded the ranges it trained
+    with (`trained`: [name, start, end] per phase; None for a fresh run or an old checkpoint).
+
+    Steps already trained keep their phase. When the config's own ranges (its fractions of
+    train.steps) keep every trained step in its phase, they are used. Otherwise the run must have
+    reached its last phase, which a raised train.steps then lengthens (returned with a sentence for
+    the log); anything else is refused: training would go back to an earlier phase."""
+    bounds = phase_bounds(cfg)
+    if not trained or not step or not bounds:
+        return bounds, None
+
+    def phase_of(ranges, s):
+        return next((name for name, start, end in ranges if start <= s < end), None)
+
+    ours = [(phase.name, start, end) for phase, start, end in bounds]
+    moved = next((s for s in range(min(step, trained[-1][2])) if phase_of(ours, s) != phase_of(trained, s)), None)
+    if moved is None:
+        return bounds, None
+    last_name, last_start, old_end = trained[-1]
+    if [name for name, *_ in trained] == [p.name for p in cfg.curriculum.phases] and step >= last_start \
+            and cfg.train.steps >= old_end:
+        by_name = {p.name: p for p in cfg.curriculum.phases}
+        kept = [(by_name[name], start, end) for name, start, end in trained[:-1]]
+        return [*kept, (by_name[last_name], last_start, cfg.train.steps)], (
+            f"train.steps raised from {old_end} to {cfg.train.steps}: steps {old_end}-{cfg.train.steps - 1} "
+            f"continue the last phase, {last_name!r}; the phases before keep their steps")
+    raise ValueError(f"step {moved} was trained in phase {phase_of(trained, moved)!r}, but train.steps "
+                     f"{cfg.train.steps} and the phases' fractions now put it in phase {phase_of(ours, moved)!r}: "
+                     f"a run can only lengthen its last phase once it has reached it (this run is at step {step}, "
+                     f"phases {', '.join(f'{n} {a}-{b - 1}' for n, a, b in trained)}); restore train.steps "
+                     f"{old_end} and the fractions, or start a new run from this checkpoint with checkpoint.load")
+
+
+def trained_bounds(bounds: Bounds) -> list[list]:
+    """The ranges to record with a checkpoint."""
+    return [[phase.name, start, end] for phase, start, end in bounds]
+
+
+def recorded_bounds(client_state: dict) -> list | None:
+    """The phase ranges a checkpoint's run trained with: recorded, or (older checkpoints) those its
+    saved config's fractions of train.steps give."""
+    if "phase_bounds" in client_state:
+        return client_state["phase_bounds"]
+    saved = client_state.get("config") or {}
+    phases, steps = (saved.get("curriculum") or {}).get("phases") or [], (saved.get("train") or {}).get("steps")
+    if not phases or not steps:
+        return None
+    ranges, start, acc = [], 0, 0.0
+    for i, phase in enumerate(phases):
+        acc += phase["fraction"]
+        end = steps if i == len(phases) - 1 else round(acc * steps)
+        ranges.append([phase["name"], start, end])
+        start = end
+    return ranges
+
+
+def finished_tag(cfg: Config) -> str | None:
+    """The run's latest complete checkpoint (None when there is none). A damaged `latest` or tag
+    counts as the newest complete one before it, where the phase's launch will resume."""
     folder = Path(cfg.output_dir) / "checkpoints"
     try:
         tag = read_latest(folder)
@@ -30,7 +89,7 @@ def finished_step(cfg: Config) -> int:
         tag = None
     if tag is None:
         tag, _ = newest_complete(folder, crc=False)
-    return step_of(tag) if tag else 0
+    return tag
 
 
 OWN_LAUNCH_KEYS = ("zero_stage", "micro_batch_size", "launch")
@@ -75,12 +134,18 @@ def phase_configs(config: str, overrides: list[str], world_size: int | None = No
 
 def plan(config: str, overrides: list[str]) -> list[tuple[str, ...]]:
     """Every phase, its config checked as its own launch will load it, before any of them starts."""
+    from implicit_megatron.train.handoff import read_client_state
+
     rows = []
     for cfg in phase_configs(config, overrides):
         name = cfg.curriculum.run_phase
-        phase, _, end = next(b for b in phase_bounds(cfg) if b[0].name == name)
+        tag = finished_tag(cfg)
+        step = step_of(tag) if tag else 0
+        trained = recorded_bounds(read_client_state(Path(cfg.output_dir) / "checkpoints" / tag)) if tag else None
+        bounds, _ = run_bounds(cfg, trained, step)
+        phase, _, end = next(b for b in bounds if b[0].name == name)
         launch = phase.launch
-        status = "done" if finished_step(cfg) >= end else "todo"
+        status = "done" if step >= end else "todo"
         rows.append((name, status, *("-" if v is None else str(v)
                                      for v in (launch.num_nodes, launch.processes_per_node, launch.hostfile)),
                      str(cfg.output_dir)))
@@ -96,6 +161,9 @@ def main(argv: list[str] | None = None) -> int:
         rows = plan(argv[0], argv[1:])
     except ConfigError as err:
         print(f"config error: {err}", file=sys.stderr)
+        return 2
+    except ValueError as err:  # the phases would move steps already trained
+        print(f"curriculum: {err}", file=sys.stderr)
         return 2
     for row in rows:
         print("\t".join(row))

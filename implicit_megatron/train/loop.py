@@ -13,7 +13,7 @@ import json
 import math
 import os
 import signal
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -28,6 +28,7 @@ from implicit_megatron.models.lm import seq_idx_from_eod
 from implicit_megatron.models.loss import IGNORE_INDEX
 from implicit_megatron.train import checkpoint, handoff, safe_load
 from implicit_megatron.train.catbabi_task import group_hits
+from implicit_megatron.train.curriculum import recorded_bounds, run_bounds, trained_bounds
 from implicit_megatron.train.engine import build_engine, init_distributed
 from implicit_megatron.train.flops import peak_flops_per_device, step_flops
 from implicit_megatron.train.schedule import learning_rate
@@ -92,6 +93,7 @@ class Trainer:
         self.accum = self.engine.gradient_accumulation_steps()
         self.batches = self.task.train_batches(self.rank, self.world, self.accum)
         self.progress = Progress()
+        self.bounds = phase_bounds(cfg)  # each phase's steps; a resume keeps those already trained
         self.tracker = Tracker(cfg, active=self.rank == 0)
         self.stop_requested = False  # this rank was asked to stop (SIGTERM, STOP_FILE)
         self.stop_agreed = False  # some rank was, as of the last step: every rank stops after it
@@ -164,11 +166,17 @@ class Trainer:
                              "already seen come in the same order; extending the run")
                 self.batches.load_state_dict(data_state)
         self.log(f"loaded {state['loaded_from']} at step {p.step} ({p.consumed_samples} samples)")
+        self.bounds, extension = run_bounds(self.cfg, recorded_bounds(state), p.step)
+        if extension:
+            old_steps = recorded_bounds(state)[-1][2]
+            before = learning_rate(p.step - 1, replace(self.cfg, train=replace(self.cfg.train, steps=old_steps)))
+            self.log(f"{extension}, at learning rate {learning_rate(p.step, self.cfg):.3g} from step {p.step} "
+                     f"(the schedule over {self.cfg.train.steps} steps; step {p.step - 1} trained at {before:.3g})")
 
     def steps_of_this_launch(self) -> tuple[int, int]:
         if self.cfg.curriculum.run_phase is None:
             return self.progress.step, self.cfg.train.steps
-        for phase, start, end in phase_bounds(self.cfg):
+        for phase, start, end in self.bounds:
             if phase.name == self.cfg.curriculum.run_phase:
                 if self.progress.step < start:
                     raise ValueError(f"phase {phase.name!r} starts at step {start}, but this run is at step "
@@ -177,7 +185,7 @@ class Trainer:
         raise AssertionError("validated config names an unknown phase")
 
     def phase_at(self, step: int) -> PhaseConfig | None:
-        for phase, start, end in phase_bounds(self.cfg):
+        for phase, start, end in self.bounds:
             if start <= step < end:
                 return phase
         return None
@@ -446,7 +454,7 @@ class Trainer:
         p = self.progress
         tag = f"{p.phase}-step{p.step}" if p.phase else f"step{p.step}"
         client = {"step": p.step, "consumed_samples": p.consumed_samples, "consumed_tokens": p.consumed_tokens,
-                  "phase": p.phase, "data": self.batches.state_dict(),
+                  "phase": p.phase, "phase_bounds": trained_bounds(self.bounds), "data": self.batches.state_dict(),
                   "data_fingerprint": self.task.order_fingerprint(self.batches, p.consumed_samples)}
         path = checkpoint.save(self.engine, self.cfg, tag, client)
         self.log(f"saved {path}")

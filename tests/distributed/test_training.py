@@ -218,6 +218,10 @@ def test_resume_with_a_fresh_optimizer_follows_the_zero_stage_advice(shakespeare
     assert extended.returncode == 0, extended.stdout[-3000:]
     assert "train.steps raised to 8: the 48 samples already seen come in the same order" in extended.stdout
     assert sorted(records(tmp_path)) == list(range(1, 9))
+    # the finished curriculum's last phase is lengthened: step 5 stays free, the bounded phase never returns
+    assert "train.steps raised from 6 to 8: steps 6-7 continue the last phase, 'free'" in extended.stdout
+    assert "phase free: (24+4), tol 0.05" in extended.stdout and "phase bounded" not in extended.stdout
+    assert records(tmp_path)[7]["solver/iterations"] > 4
 
 
 @pytest.mark.distributed

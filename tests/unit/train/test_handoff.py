@@ -12,7 +12,7 @@ import torch
 
 from implicit_megatron import build_model, load_config
 from implicit_megatron.builder import remove_weight_norm
-from implicit_megatron.train.curriculum import plan
+from implicit_megatron.train.curriculum import plan, recorded_bounds, run_bounds
 from implicit_megatron.train.handoff import find_source, load_weights, resume_tag
 from implicit_megatron.train.integrity import DamagedCheckpoint
 from implicit_megatron.utils.typed_yaml import ConfigError
@@ -22,9 +22,11 @@ TINY = str(ROOT / "configs/tiny/mamba2-implicit.yaml")
 CURRICULUM = str(ROOT / "configs/tiny/mamba2-curriculum.yaml")
 
 
-def fake_checkpoint(out: Path, tag: str, world_size: int, zero_stage: int, precision: str = "fp32") -> None:
+def fake_checkpoint(out: Path, tag: str, world_size: int, zero_stage: int, precision: str = "fp32",
+                    *overrides: str) -> None:
     """A tag folder whose files are those a real one has; the decision reads the model-states file."""
-    cfg = load_config(TINY, [f"distributed.zero_stage={zero_stage}", f"distributed.precision={precision}"])
+    cfg = load_config(TINY, [f"distributed.zero_stage={zero_stage}", f"distributed.precision={precision}",
+                             *overrides])
     folder = out / "checkpoints" / tag
     folder.mkdir(parents=True)
     states = {"dp_world_size": world_size, "config": cfg.to_dict()}
@@ -131,16 +133,34 @@ def test_phase_settings_apply_to_their_own_launch_only():
         load_config(CURRICULUM, ["curriculum.run_phase=free", "train.micro_batch_size=8"], world_size=2)
 
 
+def test_raised_steps_lengthen_the_last_phase_and_never_move_trained_steps():
+    cfg = load_config(TINY, ["train.steps=30"])
+    trained = [["bounded", 0, 16], ["free", 16, 20]]  # a finished run of 20 steps
+    bounds, note = run_bounds(cfg, trained, 20)
+    assert [(p.name, a, b) for p, a, b in bounds] == [("bounded", 0, 16), ("free", 16, 30)]
+    assert note == ("train.steps raised from 20 to 30: steps 20-29 continue the last phase, 'free'; the phases "
+                    "before keep their steps")
+    bounds, note = run_bounds(cfg, [["bounded", 0, 32], ["free", 32, 40]], 10)  # still bounded: no trained step
+    assert note is None and [(a, b) for _, a, b in bounds] == [(0, 24), (24, 30)]  # moves, the new fractions rule
+    with pytest.raises(ValueError, match=r"step 8 was trained in phase 'bounded', but train.steps 10 and the "
+                                         r"phases' fractions now put it in phase 'free'"):
+        run_bounds(load_config(TINY, ["train.steps=10"]), trained, 10)  # lowered before the last phase
+    assert recorded_bounds({"config": load_config(TINY, ["train.steps=20"]).to_dict()}) == trained
+
+
 def test_curriculum_plan_marks_finished_phases(tmp_path):
     overrides = [f"train.output_dir={tmp_path}", "train.steps=10"]
     assert plan(CURRICULUM, overrides) == [("bounded", "todo", "-", "2", "-", str(tmp_path)),
                                            ("free", "todo", "-", "1", "-", str(tmp_path))]
-    fake_checkpoint(tmp_path, "bounded-step8", 2, 2)
+    fake_checkpoint(tmp_path, "bounded-step8", 2, 2, "fp32", "train.steps=10")
     assert [row[1] for row in plan(CURRICULUM, overrides)] == ["done", "todo"]
     (tmp_path / "checkpoints" / "latest").write_text("free-step10\n")  # names a tag that is not there
     assert [row[1] for row in plan(CURRICULUM, overrides)] == ["done", "todo"]
-    fake_checkpoint(tmp_path, "free-step10", 1, 3)
+    fake_checkpoint(tmp_path, "free-step10", 1, 3, "fp32", "train.steps=10")
     assert [row[1] for row in plan(CURRICULUM, overrides)] == ["done", "done"]
+    # train.steps raised on the finished run: the free phase is lengthened, the bounded one stays done
+    assert [row[1] for row in plan(CURRICULUM, [f"train.output_dir={tmp_path}", "train.steps=20"])] == \
+        ["done", "todo"]
 
 
 def test_plain_weights_fill_a_weight_normalised_model_and_a_missing_injection_stays_fresh():
