@@ -28,7 +28,7 @@ from implicit_megatron.train.handoff import (
     shape_keys_changed,
     write_latest,
 )
-from implicit_megatron.train.integrity import read_latest, step_of, tags_by_step, write_manifest
+from implicit_megatron.train.integrity import read_latest, recorded_val_loss, step_of, tags_by_step, write_manifest
 
 UNIVERSAL_INFO = "universal_checkpoint_info"
 CRASH_BEFORE_LATEST = "IMPLICIT_MEGATRON_CRASH_BEFORE_LATEST"  # a tag: exit after writing it, before `latest`
@@ -65,8 +65,9 @@ def data_signature(cfg: Config) -> dict:
             "global_batch_size": cfg.train.global_batch_size, "steps": cfg.train.steps}  # see _check_data_signature
 
 
-def save(engine, cfg: Config, tag: str, client_state: dict) -> Path:
-    """Save on every rank; move `latest` once all ranks are done; prune beyond keep_last."""
+def save(engine, cfg: Config, tag: str, client_state: dict, val_loss: float | None = None) -> Path:
+    """Save on every rank; move `latest` once all ranks are done; prune beyond keep_last (never the
+    checkpoint with the best validation loss; `val_loss` is these weights', where known)."""
     folder = checkpoint_dir(cfg)
     client_state = {**client_state, "config": cfg.to_dict(), "data_signature": data_signature(cfg),
                     # lets DeepSpeed's ds_to_universal convert it (pure data parallelism: no TP/PP patterns)
@@ -94,7 +95,7 @@ def save(engine, cfg: Config, tag: str, client_state: dict) -> Path:
     if os.environ.get(CRASH_BEFORE_LATEST) == tag:  # fault injection for the tests: die as a kill would
         os._exit(137)
     if rank == 0:  # every rank has written: a manifest, the tag's real name, then `latest` names it
-        write_manifest(folder / partial)
+        write_manifest(folder / partial, val_loss)
         if (folder / tag).exists():  # an older copy of this step (e.g. damaged, left by a fallback)
             shutil.rmtree(folder / tag)
         os.replace(folder / partial, folder / tag)
@@ -174,11 +175,15 @@ def _check_data_signature(cfg: Config, client_state: dict, where: Path, fingerpr
 
 def _prune(folder: Path, keep_last: int, latest: str) -> None:
     """Keep the newest `keep_last` checkpoints up to `latest` (a newer one, left behind by a fallback
-    from a damaged checkpoint, is replaced when training reaches its step again)."""
+    from a damaged checkpoint, is replaced when training reaches its step again), and the one with
+    the lowest recorded validation loss: a run that diverges keeps its best weights."""
     newest = step_of(latest)
     tags = sorted((folder / t for t in tags_by_step(folder) if step_of(t) <= newest), key=lambda p: step_of(p.name))
+    scored = [(loss, path) for path in tags if (loss := recorded_val_loss(path)) is not None]
+    best = min(scored, key=lambda s: s[0])[1] if scored else None
     for old in tags[:-keep_last] if keep_last > 0 else []:
-        shutil.rmtree(old, ignore_errors=True)
+        if old != best:
+            shutil.rmtree(old, ignore_errors=True)
 
 
 def _rng_state() -> dict:

@@ -122,12 +122,22 @@ def digest(path: Path) -> str:
         return f"crc32-{file_crc32(path):08x}"
 
 
-def write_manifest(tag_dir: Path) -> None:
+def write_manifest(tag_dir: Path, val_loss: float | None = None) -> None:
     """What the tag holds: every file's size and digest, written once all ranks have saved; reads
-    the zip directories only, not the data."""
+    the zip directories only, not the data. `val_loss`: the validation loss of these weights, where
+    an evaluation ran at this step (pruning keeps the best)."""
     files = sorted(p for p in tag_dir.rglob("*") if p.is_file() and p.name != MANIFEST)
     record = {str(p.relative_to(tag_dir)): {"size": p.stat().st_size, "digest": digest(p)} for p in files}
-    (tag_dir / MANIFEST).write_text(json.dumps({"version": 1, "files": record}, indent=1) + "\n")
+    extra = {} if val_loss is None else {"val_loss": val_loss}
+    (tag_dir / MANIFEST).write_text(json.dumps({"version": 1, "files": record, **extra}, indent=1) + "\n")
+
+
+def recorded_val_loss(tag_dir: Path) -> float | None:
+    """The validation loss a tag's manifest records (None: none, or no readable manifest)."""
+    try:
+        return json.loads((tag_dir / MANIFEST).read_text()).get("val_loss")
+    except (OSError, ValueError, AttributeError):
+        return None
 
 
 def check_manifest(tag_dir: Path, crc: bool) -> dict:

@@ -31,6 +31,7 @@ from implicit_megatron.train.catbabi_task import group_hits
 from implicit_megatron.train.curriculum import recorded_bounds, run_bounds, trained_bounds
 from implicit_megatron.train.engine import build_engine, init_distributed
 from implicit_megatron.train.flops import peak_flops_per_device, step_flops
+from implicit_megatron.train.guards import DivergenceWatch
 from implicit_megatron.train.schedule import learning_rate
 from implicit_megatron.train.step_metrics import IntervalMetrics, read_on_host, reduce_over_ranks, step_flags
 from implicit_megatron.train.tasks import build_task
@@ -98,6 +99,8 @@ class Trainer:
         self.stop_requested = False  # this rank was asked to stop (SIGTERM, STOP_FILE)
         self.stop_agreed = False  # some rank was, as of the last step: every rank stops after it
         self.last_eval: dict[str, float] = {}
+        self.last_eval_step: int | None = None
+        self.divergence = DivergenceWatch(cfg.model.vocab_size, checkpoint.checkpoint_dir(cfg))
         self.peak_flops = peak_flops_per_device(cfg)
         self.nan_loss_at_step = int(os.environ.get(NAN_LOSS_AT_STEP, "0"))
         self.loss_jump_at_step = int(os.environ.get(LOSS_JUMP_AT_STEP, "0"))
@@ -389,7 +392,7 @@ class Trainer:
                 results.update(self.task.group_metrics(name, reduce_over_ranks(by_group.flatten().tolist(),
                                                                                 self.engine.device)))
         self.engine.train()
-        self.last_eval = results
+        self.last_eval, self.last_eval_step = results, self.progress.step
         return results
 
     def accuracy(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
@@ -444,6 +447,10 @@ class Trainer:
                                                               dist.ReduceOp.MAX)
         metrics = {**metrics, **reduced}
         self._watch_convergence(metrics)
+        if "train/loss" in metrics:
+            warning = self.divergence.observe(metrics["train/loss"], self.progress.step)
+            if warning:
+                self.log(warning)
         self.tracker.log(metrics, self.progress.step)
         if self.rank == 0:  # a plain record next to the checkpoints, for scripts and tests
             append_metrics(self.cfg.output_dir, self.progress.step, metrics)
@@ -456,7 +463,8 @@ class Trainer:
         client = {"step": p.step, "consumed_samples": p.consumed_samples, "consumed_tokens": p.consumed_tokens,
                   "phase": p.phase, "phase_bounds": trained_bounds(self.bounds), "data": self.batches.state_dict(),
                   "data_fingerprint": self.task.order_fingerprint(self.batches, p.consumed_samples)}
-        path = checkpoint.save(self.engine, self.cfg, tag, client)
+        val_loss = self.last_eval.get("val/loss") if self.last_eval_step == p.step else None
+        path = checkpoint.save(self.engine, self.cfg, tag, client, val_loss)
         self.log(f"saved {path}")
         return tag
 

@@ -193,6 +193,23 @@ def test_honest_endings(shakespeare_shards, tmp_path):
 
 
 @pytest.mark.distributed
+def test_a_diverging_run_is_warned_about_and_keeps_its_best_checkpoint(shakespeare_shards, tmp_path):
+    """lr 1.0: the loss doubles and stays far above ln(vocabulary). The log warns once, naming the
+    checkpoint before the rise; keep_last=2 prunes every other checkpoint but the best-validated one."""
+    args = overrides(shakespeare_shards, tmp_path, "train.steps=6", "optimizer.lr=1.0", "schedule.warmup_steps=1",
+                     "tracking.enabled=false", "train.eval_interval=1", "train.eval_samples=8",
+                     "checkpoint.interval=1", "checkpoint.keep_last=2", "checkpoint.max_loss_jump=null")
+    result = run_torchrun("-m", "implicit_megatron.train", "configs/tiny/mamba2-explicit.yaml", *args, nproc=1)
+    assert result.returncode == 0, result.stdout[-3000:]
+    warnings = [line for line in result.stdout.splitlines() if "the run is diverging" in line]
+    assert len(warnings) == 1, result.stdout[-3000:]
+    assert "warning: the training loss rose from 10.8" in warnings[0] and "(step 1) to " in warnings[0]
+    assert f"the last checkpoint before the rise is {tmp_path / 'checkpoints' / 'step1'}" in warnings[0]
+    kept = sorted(p.name for p in (tmp_path / "checkpoints").iterdir() if p.is_dir())
+    assert kept == ["step1", "step5", "step6"]  # step 1: the lowest validation loss
+
+
+@pytest.mark.distributed
 def test_resume_with_a_fresh_optimizer_follows_the_zero_stage_advice(shakespeare_shards, tmp_path):
     """ZeRO-0 fp32 state does not convert to ZeRO-1; the error's advice, load_optimizer=false, resumes.
     Then a raised train.steps extends the run."""
