@@ -35,6 +35,7 @@ Semantics (megatron-core's GPTDataset, which builds and caches the indices):
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
@@ -54,12 +55,17 @@ BLEND_SURPLUS = 0.005  # extra samples built per shard so the blend never runs s
 __all__ = ["PackedDataset", "build_packed_dataset", "build_eval_datasets", "DistributedBatchIterator"]
 
 
+class ShardReadError(ValueError):
+    """A shard could not be indexed or read; the message names its prefix."""
+
+
 class PackedDataset:
     """`len()` samples of `seq_len + 1` tokens; sample i is the same on every rank and run."""
 
     def __init__(self, parts: list[Any], seq_len: int, length: int,
-                 blend: tuple[np.ndarray, np.ndarray] | None) -> None:
+                 blend: tuple[np.ndarray, np.ndarray] | None, names: list[str] | None = None) -> None:
         self.parts, self.seq_len, self.length, self.blend = parts, seq_len, length, blend
+        self.names = names or [getattr(p, "dataset_path", "?") for p in parts]  # each part's shard prefix
 
     def __len__(self) -> int:
         return self.length
@@ -69,11 +75,13 @@ class PackedDataset:
             index += self.length
         if not 0 <= index < self.length:
             raise IndexError(f"sample {index} is out of range for {self.length} samples")
-        if self.blend is None:
-            part, sample = self.parts[0], index
-        else:
-            part, sample = self.parts[int(self.blend[0][index])], int(self.blend[1][index])
-        item = part[sample]  # tokens = text[:-1], labels = text[1:]
+        which, sample = (0, index) if self.blend is None else (int(self.blend[0][index]), int(self.blend[1][index]))
+        try:
+            item = self.parts[which][sample]  # tokens = text[:-1], labels = text[1:]
+        except (IndexError, ValueError, OSError, RuntimeError) as err:
+            raise ShardReadError(f"{self.names[which]}: reading sample {sample} failed ({type(err).__name__}: {err}); "
+                                 "the shard may have changed or be damaged: check it with python -m "
+                                 "implicit_megatron.config CONFIG (it checks every shard)") from None
         return np.concatenate([item["tokens"].numpy(), item["labels"][-1:].numpy()]).astype(np.int64)
 
 
@@ -108,12 +116,13 @@ def build_packed_dataset(prefixes: Sequence[str], weights: Sequence[float] | Non
                      cache_dir or os.path.join(os.path.dirname(os.path.abspath(prefixes[0])), "index-cache"))
     parts = _build_in_rank_order(lambda: [_gpt_dataset(shards[i], split, per_shard[i], config) for i in keep],
                                  config.path_to_cache)
+    names = [shards[i] for i in keep]
     if not blended:
-        return PackedDataset(parts, seq_len, num_samples or len(parts[0]), None)
+        return PackedDataset(parts, seq_len, num_samples or len(parts[0]), None, names)
     if num_samples is None:  # every shard exactly once
-        return PackedDataset(parts, seq_len, sum(len(p) for p in parts), _exhaustive_blend(parts))
+        return PackedDataset(parts, seq_len, sum(len(p) for p in parts), _exhaustive_blend(parts), names)
     return PackedDataset(parts, seq_len, num_samples,
-                         _weighted_blend(parts, [shard_weights[i] for i in keep], num_samples))
+                         _weighted_blend(parts, [shard_weights[i] for i in keep], num_samples), names)
 
 
 def build_eval_datasets(prefixes: Sequence[str], split: str, seq_lens: Sequence[int], seed: int,
@@ -149,14 +158,30 @@ def _shards_with_weights(prefixes: Sequence[str], weights: Sequence[float] | Non
 
 class _DataIdentity:
     """What megatron-core's config reads from a tokenizer: the EOD id, and a JSON identity that
-    keys its index cache (here: the shard files' sizes and mtimes, so rebuilt shards never reuse
-    stale indices)."""
+    keys its index cache: each shard's .bin and .idx by size and modification time, and the .idx
+    (which holds the document boundaries the cached indices follow) by a digest of its ends too,
+    so that rebuilt or swapped shards never reuse stale indices."""
 
     def __init__(self, eod: int, shards: list[str]) -> None:
         self.eod = eod
         self.vocab_size = None  # the token dtype is read from each .idx file
-        files = {s: [os.path.getsize(s + ".bin"), os.stat(s + ".bin").st_mtime_ns] for s in shards}
+        files = {s: {"bin": _stat(s + ".bin"), "idx": [*_stat(s + ".idx"), _ends_digest(s + ".idx")]} for s in shards}
         self.unique_identifiers = {"class": "PackedShards", "eod": eod, "shards": files}
+
+
+def _stat(path: str) -> list[int]:
+    st = os.stat(path)
+    return [st.st_size, st.st_mtime_ns]
+
+
+def _ends_digest(path: str, span: int = 1 << 16) -> str:
+    """sha256 of a file's first and last `span` bytes: cheap for index files of any size."""
+    sha = hashlib.sha256()
+    with open(path, "rb") as handle:
+        sha.update(handle.read(span))
+        handle.seek(max(0, os.path.getsize(path) - span))
+        sha.update(handle.read(span))
+    return sha.hexdigest()
 
 
 def _config(prefixes: Sequence[str], shards: list[str], split: str, seq_len: int, seed: int,
@@ -185,9 +210,14 @@ def _gpt_dataset(shard: str, split: str, num_samples: int | None, config: Any) -
     from megatron.core.datasets.gpt_dataset import GPTDataset
     from megatron.core.datasets.utils import Split
 
-    indexed = GPTDataset.build_low_level_dataset(shard, config)
-    documents = np.arange(len(indexed.sequence_lengths), dtype=np.int32)
-    return GPTDataset(indexed, shard, documents, num_samples, Split[split], config)
+    try:
+        indexed = GPTDataset.build_low_level_dataset(shard, config)
+        documents = np.arange(len(indexed.sequence_lengths), dtype=np.int32)
+        return GPTDataset(indexed, shard, documents, num_samples, Split[split], config)
+    except (IndexError, ValueError, OSError, RuntimeError, AssertionError) as err:
+        raise ShardReadError(f"{shard}: building its packed-sample index failed ({type(err).__name__}: {err}); "
+                             "the shard may be damaged: check it with python -m implicit_megatron.config CONFIG "
+                             f"(it checks every shard), or remove the index cache {config.path_to_cache}") from None
 
 
 def _build_in_rank_order(build, cache_dir: str) -> Any:

@@ -171,3 +171,38 @@ def test_errors_name_the_problem(tmp_path):
     write_unique_token_shard(str(tmp_path / "tiny_test"), [5, 5])
     with pytest.raises(ValueError, match="fewer than one sample"):
         build_packed_dataset([str(tmp_path / "tiny")], None, "test", SEQ, seed=1)
+
+
+def test_an_index_swapped_for_one_of_the_same_size_is_not_read_with_stale_indices(tmp_path):
+    """The packed-index cache was keyed by the .bin alone: an .idx replaced by one of the same size
+    (other document boundaries, same token count) reused indices into documents it no longer has."""
+    prefix, other = str(tmp_path / "a_train"), str(tmp_path / "b" / "b_train")
+    (tmp_path / "b").mkdir()
+    lengths = document_lengths_summing_to(1000, seed=0)
+    write_unique_token_shard(prefix, lengths)
+    write_unique_token_shard(other, sorted(lengths, reverse=True))  # same count and total, other boundaries
+    before = build_packed_dataset([str(tmp_path / "a")], None, "train", SEQ, seed=1)
+    [before[i] for i in range(len(before))]  # the cache now holds this shard's indices
+    (tmp_path / "a_train.idx").write_bytes((tmp_path / "b" / "b_train.idx").read_bytes())
+    after = build_packed_dataset([str(tmp_path / "a")], None, "train", SEQ, seed=1)
+    samples = [after[i] for i in range(len(after))]
+    assert all(len(sample) == SEQ + 1 for sample in samples)
+
+
+def test_a_failed_read_names_the_shard(tmp_path, monkeypatch):
+    """Indices that no longer fit their shard (here: a cache keyed as before, by the .bin alone,
+    after the .idx was swapped) fail with the shard's prefix, not a bare numpy error."""
+    from data_pipeline import packed
+
+    monkeypatch.setattr(packed, "_ends_digest", lambda path: "")
+    monkeypatch.setattr(packed, "_stat", lambda path: [0, 0])
+    prefix = str(tmp_path / "a_train")
+    lengths = document_lengths_summing_to(1000, seed=0)
+    write_unique_token_shard(prefix, lengths)
+    (tmp_path / "b").mkdir()
+    write_unique_token_shard(str(tmp_path / "b" / "b_train"), sorted(lengths, reverse=True))
+    build_packed_dataset([str(tmp_path / "a")], None, "train", SEQ, seed=1)
+    (tmp_path / "a_train.idx").write_bytes((tmp_path / "b" / "b_train.idx").read_bytes())
+    stale = build_packed_dataset([str(tmp_path / "a")], None, "train", SEQ, seed=1)
+    with pytest.raises(ValueError, match=f"^{prefix}: reading sample [0-9]+ failed"):
+        [stale[i] for i in range(len(stale))]
