@@ -39,9 +39,11 @@ from implicit_megatron.train.integrity import (
     fallback_hint,
     newest_complete,
     read_latest,
+    record_universal,
     require_complete,
     step_of,
     tags_by_step,
+    unvouched_universal,
 )
 
 UNIVERSAL = "universal"  # the sub-folder of a tag that holds its universal conversion
@@ -203,19 +205,40 @@ def _named_checkpoint(path: Path) -> tuple[Path, str]:
                             f"of one, or a model folder ({PRETRAINED_WEIGHTS})")
 
 
-def to_universal(path: Path, workers: int = 2) -> Path:
+def to_universal(path: Path, workers: int = 2, log=None) -> Path:
     """Convert one checkpoint tag to a universal checkpoint in `<tag>/universal` (once; reused after).
 
-    The conversion runs in a process of its own (it starts worker pools) into a temporary folder
-    that is renamed when complete, so an interrupted conversion is redone, never half-used.
+    DeepSpeed loads a universal checkpoint with the full unpickler, so only a conversion of our own
+    is ever loaded: one the tag's manifest records, file by file, after every file loaded with the
+    weights-only unpickler. A `universal/` the manifest does not vouch for (copied in, changed, or
+    holding a pickle that would run code) is removed and converted again, with a log line. The
+    conversion runs in a process of its own (it starts worker pools) into a temporary folder that
+    is renamed when complete, so an interrupted conversion is redone, never half-used.
     """
     out = path / UNIVERSAL
-    if (out / MODEL_STATES).is_file() and (out / ZERO3_MODEL_STATES).is_file():
-        return out
+    if out.exists():
+        problem = unvouched_universal(path, out)
+        if problem is None:
+            return out
+        (log or print)(f"{out}: not used: {problem}; converting the checkpoint again")
+        shutil.rmtree(out)
     tmp = path / f".{UNIVERSAL}.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
+    _convert(path, tmp, workers)
+    for file in sorted(p for p in tmp.rglob("*") if p.is_file()):
+        problem = safe_load.weights_only_problem(file)
+        if problem:
+            raise RuntimeError(f"{file}: the universal conversion wrote a file that does not load weights-only "
+                               f"({problem}); it is not used")
+    os.replace(tmp, out)
+    record_universal(path, out)
+    return out
+
+
+def _convert(path: Path, out: Path, workers: int) -> None:
+    """deepspeed.checkpoint.ds_to_universal from `path` into `out`, made loadable by every stage."""
     cmd = [sys.executable, "-m", "deepspeed.checkpoint.ds_to_universal", "--input_folder", str(path),
-           "--output_folder", str(tmp), "--inject_missing_state", "--num_extract_workers", str(workers),
+           "--output_folder", str(out), "--inject_missing_state", "--num_extract_workers", str(workers),
            "--num_merge_workers", str(max(1, workers // 2))]
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}  # a CPU-only job; it must not claim a GPU
     for key in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
@@ -227,12 +250,9 @@ def to_universal(path: Path, workers: int = 2) -> Path:
     # The weights and optimizer state are in zero/; the model-states file only carries the client
     # state, and DeepSpeed looks for it under the name the *loading* ZeRO stage writes.
     for have, want in ((MODEL_STATES, ZERO3_MODEL_STATES), (ZERO3_MODEL_STATES, MODEL_STATES)):
-        if (tmp / have).is_file() and not (tmp / want).exists():
-            shutil.copy(tmp / have, tmp / want)
-    _readable_by_every_stage(tmp)
-    shutil.rmtree(out, ignore_errors=True)
-    os.replace(tmp, out)
-    return out
+        if (out / have).is_file() and not (out / want).exists():
+            shutil.copy(out / have, out / want)
+    _readable_by_every_stage(out)
 
 
 def universal_of(ckpt_dir: str | Path, tag: str | None = None, workers: int = 4) -> Path:

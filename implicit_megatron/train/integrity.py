@@ -132,6 +132,40 @@ def write_manifest(tag_dir: Path, val_loss: float | None = None) -> None:
     (tag_dir / MANIFEST).write_text(json.dumps({"version": 1, "files": record, **extra}, indent=1) + "\n")
 
 
+def record_universal(tag_dir: Path, universal: Path) -> None:
+    """Add the files of the tag's universal conversion to its manifest: what vouches for them."""
+    manifest = json.loads((tag_dir / MANIFEST).read_text())
+    files = sorted(p for p in universal.rglob("*") if p.is_file())
+    manifest["universal"] = {str(p.relative_to(universal)): {"size": p.stat().st_size, "digest": digest(p)}
+                             for p in files}
+    tmp = tag_dir / (MANIFEST + ".tmp")
+    tmp.write_text(json.dumps(manifest, indent=1) + "\n")
+    tmp.replace(tag_dir / MANIFEST)
+
+
+def unvouched_universal(tag_dir: Path, universal: Path) -> str | None:
+    """Why the tag's universal folder is not the one this project converted and recorded (None when
+    it is): not in the manifest, files added, missing or changed, or a file that would not load with
+    the weights-only unpickler (DeepSpeed loads these files with the full one, which runs code)."""
+    try:
+        listed = json.loads((tag_dir / MANIFEST).read_text()).get("universal")
+    except (OSError, ValueError, AttributeError):
+        listed = None
+    if listed is None:
+        return f"the manifest of {tag_dir.name} does not record it (no conversion of this project wrote it)"
+    present = {str(p.relative_to(universal)): p for p in universal.rglob("*") if p.is_file()}
+    if set(present) != set(listed):
+        extra, missing = sorted(set(present) - set(listed)), sorted(set(listed) - set(present))
+        return f"its files differ from those recorded (not recorded: {extra[:3]}, missing: {missing[:3]})"
+    for name, path in present.items():
+        if path.stat().st_size != listed[name]["size"] or digest(path) != listed[name]["digest"]:
+            return f"{name} changed since its conversion"
+        problem = safe_load.weights_only_problem(path)
+        if problem:
+            return f"{name} would run code when loaded ({problem})"
+    return None
+
+
 def recorded_val_loss(tag_dir: Path) -> float | None:
     """The validation loss a tag's manifest records (None: none, or no readable manifest)."""
     try:

@@ -134,7 +134,7 @@ class Trainer:
         error = None
         if source.how == "universal" and self.rank == 0:
             try:
-                handoff.to_universal(source.path)
+                handoff.to_universal(source.path, log=self.log)
             except (RuntimeError, OSError) as err:
                 error = str(err)
         shared = [error]

@@ -64,6 +64,18 @@ def load(path: str | Path, **kwargs):
             "checkpoint.trust_pickle=true (training) or pass --trust-checkpoint (tools)") from None
 
 
+def weights_only_problem(path: str | Path) -> str | None:
+    """Why `path` does not load with the weights-only unpickler (None: it does), whatever the trust
+    setting: for files this project wrote itself, which never need more."""
+    try:
+        with torch.serialization.safe_globals(allowed()):
+            torch.load(path, weights_only=True, map_location="cpu", mmap=True)
+    except (pickle.UnpicklingError, RuntimeError, OSError, ValueError) as err:
+        found = re.search(r"GLOBAL ([\w.]+)", str(err))
+        return f"it holds the global {found.group(1)}" if found else f"{type(err).__name__}: {str(err)[:200]}"
+    return None
+
+
 def verify(path: str | Path) -> None:
     """Raise UnsafeCheckpoint unless `path` loads with the weights-only unpickler (no tensor data is
     read: the file is memory-mapped); DeepSpeed may then load it its own way."""
