@@ -41,13 +41,16 @@ def process_running(pid: int, ticks: int | None = None) -> bool:
     return fields[0] not in ("Z", "X") and (ticks is None or int(fields[19]) == ticks)
 
 
-def exit_when_gone(pid: int, every: float = 1.0) -> None:
-    """In a worker: a daemon thread that ends this process once `pid` (its feeder) is gone."""
+def exit_when_gone(pid: int, every: float = 1.0, message: str | None = None) -> None:
+    """In a worker: a daemon thread that ends this process once `pid` (its feeder) is gone, saying
+    `message` on standard error first."""
     ticks = start_ticks(pid)
 
     def watch() -> None:
         while process_running(pid, ticks):
             time.sleep(every)
+        if message:
+            os.write(2, (message + "\n").encode())
         os._exit(1)
 
     threading.Thread(target=watch, name="exit-when-parent-dies", daemon=True).start()

@@ -33,6 +33,8 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as err:
         print(f"config error: {err}", file=sys.stderr)
         return 2
+    if "LOCAL_RANK" in os.environ:  # started by a launcher: end with it (a kill -9 leaves no one to stop us)
+        _exit_with_launcher(os.getppid())
     if "RANK" not in os.environ:  # a plain `python -m` run: a world of one process, on a free port
         os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
                           MASTER_PORT=os.environ.get("MASTER_PORT") or str(_free_port()))
@@ -56,6 +58,15 @@ def main(argv: list[str] | None = None) -> int:
         if lock is not None:
             lock.release()
     return 0
+
+
+def _exit_with_launcher(launcher: int) -> None:
+    """torchrun and the DeepSpeed launcher start ranks in sessions of their own, so a kill -9 of the
+    launch's process group leaves them training. A watcher ends this rank once its launcher is gone,
+    as preprocessing's workers do (the run lock of a dead rank is taken over by the next launch)."""
+    from data_pipeline.processes import exit_when_gone
+
+    exit_when_gone(launcher, message=f"[train] the launcher of this rank (process {launcher}) is gone; exiting")
 
 
 def _free_port() -> int:

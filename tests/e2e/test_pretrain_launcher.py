@@ -96,3 +96,22 @@ def test_two_runs_on_one_machine_without_master_port_both_finish(shakespeare_sha
         out, _ = proc.communicate(timeout=300)
         assert proc.returncode == 0, out[-3000:]
         assert "EADDRINUSE" not in out
+
+
+@pytest.mark.distributed
+def test_a_killed_launch_leaves_no_rank_training(shakespeare_shards, tmp_path):
+    """kill -9 of pretrain.sh's process group (torchrun with it): the rank, in a session of its own,
+    notices that its launcher is gone and ends."""
+    import psutil
+
+    proc = start(tmp_path, shakespeare_shards)
+    wait_for_steps(proc, tmp_path)
+    ranks = [p for p in psutil.process_iter(["cmdline"])
+             if "implicit_megatron.train" in " ".join(p.info["cmdline"] or [])
+             and f"train.output_dir={tmp_path}" in (p.info["cmdline"] or []) and p.pid != proc.pid
+             and os.getpgid(p.pid) != proc.pid]  # the rank, not pretrain.sh or torchrun
+    assert ranks, "no rank in a session of its own was found"
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.communicate(timeout=30)
+    gone, alive = psutil.wait_procs(ranks, timeout=30)
+    assert not alive, f"ranks still running after their launcher was killed: {[p.pid for p in alive]}"
