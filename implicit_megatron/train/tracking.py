@@ -4,13 +4,20 @@ the plain `metrics.jsonl` beside the checkpoints.
 By default the store is a local sqlite database in train.output_dir (no server needed; works
 offline); `tracking.uri` may name a server. The run id is kept in the output folder so that a
 resumed run continues the same MLflow run.
+
+Tracking never stops a run. A new local store is built under a temporary name and renamed when
+its schema is complete, so a kill during its creation leaves no store, not a broken one; a store
+that cannot be opened is moved aside (named in a warning) and a new one started; any other
+failure turns MLflow off for the launch with a warning, while metrics.jsonl keeps every metric.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import time
+import uuid
 from pathlib import Path
 
 from implicit_megatron.config import Config
@@ -29,13 +36,82 @@ def flatten(data: dict, prefix: str = "") -> dict[str, str]:
     return out
 
 
+STORE = "mlflow.db"
+
+
+def _warn(message: str) -> None:
+    print(f"[train] warning: {message}", flush=True)
+
+
+def _first_line(err: BaseException) -> str:
+    return f"{type(err).__name__}: {(str(err).splitlines() or [''])[0][:300]}"
+
+
+def _unopenable(db: Path) -> str | None:
+    """Why the local store cannot be used (None: a complete MLflow schema at its latest revision).
+    Read with sqlite itself: MLflow keeps one engine per store address for the whole process, and
+    one opened on a broken file would outlive the file being moved aside."""
+    import sqlite3
+
+    try:
+        with contextlib.closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True)) as con:
+            tables = {row[0] for row in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+            version = con.execute("SELECT version_num FROM alembic_version").fetchall() \
+                if "alembic_version" in tables else []
+    except sqlite3.Error as err:
+        return _first_line(err)
+    if any(name.startswith("_alembic_tmp_") for name in tables):
+        return "its schema migration was interrupted (a _alembic_tmp_ table is left)"
+    from mlflow.store.db.utils import _get_latest_schema_revision
+
+    latest = _get_latest_schema_revision()
+    if [row[0] for row in version] != [latest]:
+        return f"out-of-date or incomplete schema (revision {version[0][0] if version else None}, expected {latest})"
+    return None
+
+
+def _create_store(db: Path) -> None:
+    """A new local store, complete or not there at all: built under a temporary name, then renamed."""
+    from mlflow import MlflowClient
+
+    building = db.with_name(f"{STORE}.creating-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+    MlflowClient(tracking_uri=f"sqlite:///{building}").search_experiments(max_results=1)  # makes the schema
+    os.replace(building, db)
+
+
+def local_store(out: Path) -> Path:
+    """The run's local store, ready to open: leftovers of an interrupted creation removed, a store
+    that cannot be opened moved aside (with a warning naming both files), a missing one created."""
+    db = out / STORE
+    for leftover in out.glob(f"{STORE}.creating-*"):
+        leftover.unlink(missing_ok=True)
+    if db.exists():
+        problem = _unopenable(db)
+        if problem is None:
+            return db
+        aside = db.with_name(f"{STORE}.unreadable-{time.strftime('%Y%m%d-%H%M%S')}")
+        os.replace(db, aside)
+        (out / RUN_ID_FILE).unlink(missing_ok=True)  # its run is in the store moved aside
+        _warn(f"the MLflow store {db} could not be opened ({problem}); moved it to {aside} and started a new "
+              "store with a new MLflow run (metrics.jsonl holds every metric of the run)")
+    _create_store(db)
+    return db
+
+
 class Tracker:
-    """Does nothing on ranks other than 0 or when tracking is disabled."""
+    """Does nothing on ranks other than 0 or when tracking is disabled; never stops the run."""
 
     def __init__(self, cfg: Config, active: bool):
         self.run_id = None
         if not (active and cfg.tracking.enabled):
             return
+        try:
+            self._start(cfg)
+        except Exception as err:  # noqa: BLE001 - tracking must never stop a run or its resume
+            _warn(f"MLflow tracking is off for this launch ({_first_line(err)}); metrics.jsonl keeps every metric")
+            self.run_id = None
+
+    def _start(self, cfg: Config) -> None:
         os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
         os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
         from mlflow import MlflowClient
@@ -43,7 +119,7 @@ class Tracker:
         out = Path(cfg.output_dir).resolve()
         out.mkdir(parents=True, exist_ok=True)
         local = cfg.tracking.uri is None
-        uri = f"sqlite:///{out / 'mlflow.db'}" if local else cfg.tracking.uri
+        uri = f"sqlite:///{local_store(out)}" if local else cfg.tracking.uri
         self.client = MlflowClient(tracking_uri=uri)
         experiment = self.client.get_experiment_by_name(cfg.tracking.experiment)
         if experiment is None:  # a server keeps artifacts where it is configured to; a local store beside it
@@ -53,9 +129,14 @@ class Tracker:
             experiment_id = experiment.experiment_id
         id_file = out / RUN_ID_FILE
         if id_file.is_file():
-            self.run_id = id_file.read_text().strip()
-            self.client.update_run(self.run_id, status="RUNNING")
-            return
+            run_id = id_file.read_text().strip()
+            try:
+                self.client.update_run(run_id, status="RUNNING")
+                self.run_id = run_id
+                return
+            except Exception as err:  # noqa: BLE001
+                _warn(f"the MLflow run {run_id} named in {id_file} is not in the store ({_first_line(err)}); "
+                      "starting a new MLflow run")
         run = self.client.create_run(experiment_id, run_name=cfg.name)
         self.run_id = run.info.run_id
         self._log_config(cfg, out)
@@ -78,13 +159,15 @@ class Tracker:
         try:
             self.client.log_batch(self.run_id, metrics=[Metric(k, float(v), now, step) for k, v in metrics.items()])
         except Exception as err:  # noqa: BLE001 - a full disk or a lost server must not end the training
-            print(f"[train] warning: MLflow logging stopped at step {step} ({type(err).__name__}: "
-                  f"{str(err).splitlines()[0] if str(err) else ''}); metrics.jsonl keeps every metric", flush=True)
+            _warn(f"MLflow logging stopped at step {step} ({_first_line(err)}); metrics.jsonl keeps every metric")
             self.run_id = None
 
     def finish(self, status: str = "FINISHED") -> None:
         if self.run_id is not None:
-            self.client.set_terminated(self.run_id, status=status)
+            try:
+                self.client.set_terminated(self.run_id, status=status)
+            except Exception as err:  # noqa: BLE001
+                _warn(f"MLflow could not record the run's end ({_first_line(err)})")
 
 
 def append_metrics(output_dir: str | Path, step: int, metrics: dict[str, float]) -> None:
