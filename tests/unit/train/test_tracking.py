@@ -6,11 +6,11 @@ from __future__ import annotations
 import sqlite3
 
 import pytest
+from support.processes import ROOT
 
 from implicit_megatron import load_config
 from implicit_megatron.train import tracking
 from implicit_megatron.train.tracking import STORE, Tracker
-from support.processes import ROOT
 
 
 def config(out):
