@@ -122,6 +122,6 @@ if [ "${nodes:-2}" -gt 1 ]; then
   exit 2
 fi
 # shellcheck disable=SC2086
-launch "$PYTHON" -m torch.distributed.run --nnodes 1 --nproc_per_node "$per_node" \
+launch "$PYTHON" -m implicit_megatron.train.torchrun --nnodes 1 --nproc_per_node "$per_node" \
   --master_addr "${MASTER_ADDR:-127.0.0.1}" --master_port "$port" ${LAUNCHER_ARGS:-} \
   -m implicit_megatron.train "$config" "$@"

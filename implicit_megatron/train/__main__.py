@@ -1,13 +1,21 @@
-"""Per-rank entry: python -m implicit_megatron.train CONFIG [key=value ...]."""
+"""Per-rank entry: python -m implicit_megatron.train CONFIG [key=value ...].
+
+Exit status: 0 when the run finished or stopped gracefully (SIGTERM: see the README), 2 when the
+launch was refused (a bad config, a held output folder, a checkpoint that does not fit: one line
+from rank 0, no traceback), 1 on a failure (with its traceback).
+"""
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import socket
 import sys
+from pathlib import Path
 
 from implicit_megatron.config import load_config
+from implicit_megatron.train import stopping
 from implicit_megatron.utils.typed_yaml import ConfigError
 
 
@@ -27,12 +35,33 @@ def main(argv: list[str] | None = None) -> int:
     if args.config is None:
         parser.error("a config file is required, e.g. configs/quickstart.yaml (overrides are optional)")
     os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+    stopping.install()  # until Trainer.fit installs its own
+    output_dir_seen: list[str] = []
+    try:
+        return _run(args, output_dir_seen.append)
+    except stopping.StoppedDuringStartUp:
+        if int(os.environ.get("RANK", "0")) == 0:
+            if output_dir_seen:  # tells launch/pretrain.sh the stop was graceful
+                from implicit_megatron.train.loop import PREEMPTED_FILE
+
+                Path(output_dir_seen[-1]).mkdir(parents=True, exist_ok=True)
+                Path(output_dir_seen[-1], PREEMPTED_FILE).write_text(json.dumps({"step": None, "checkpoint": None})
+                                                                     + "\n")
+            print("[train] stopped by SIGTERM during start-up, before the first step: nothing was trained or saved; "
+                  "launch again to resume", flush=True)
+        return 0
+
+
+def _run(args, seen_output) -> int:
+    first = int(os.environ.get("RANK", "0")) == 0  # the rank that speaks for all
     try:
         cfg = load_config(args.config, args.overrides, world_size=int(os.environ.get("WORLD_SIZE", "1")),
                           check_data=True)
     except ConfigError as err:
-        print(f"config error: {err}", file=sys.stderr)
+        if first:
+            print(f"config error: {err}", file=sys.stderr)
         return 2
+    seen_output(cfg.output_dir)
     if "LOCAL_RANK" in os.environ:  # started by a launcher: end with it (a kill -9 leaves no one to stop us)
         _exit_with_launcher(os.getppid())
     if "RANK" not in os.environ:  # a plain `python -m` run: a world of one process, on a free port
@@ -47,10 +76,21 @@ def main(argv: list[str] | None = None) -> int:
     except (RunLocked, OSError) as err:
         print(f"error: {err}", file=sys.stderr, flush=True)
         return 2
+    try:
+        stopping.check()
+    except stopping.StoppedDuringStartUp:
+        if lock is not None:
+            lock.release()
+        raise
+    from implicit_megatron.train.errors import REFUSED, RunRefused
     from implicit_megatron.train.loop import Trainer
 
     try:
         Trainer(cfg).fit()
+    except RunRefused as err:
+        if rank == 0:
+            print(f"error: {err}", file=sys.stderr, flush=True)
+        return REFUSED
     except Exception as err:  # one clear line before the traceback that follows
         print(f"error on rank {rank}: {type(err).__name__}: {err}", file=sys.stderr, flush=True)
         raise

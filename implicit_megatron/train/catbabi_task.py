@@ -22,6 +22,7 @@ import torch
 
 from implicit_megatron.config import Config
 from implicit_megatron.models.loss import IGNORE_INDEX
+from implicit_megatron.train.errors import RunRefused
 from implicit_megatron.train.tasks import GlobalBatchStream, order_digest, split_fixed_set
 
 TASKS = 20  # bAbI task numbers run from 1 to 20; metrics are named accuracy_task<N>
@@ -53,7 +54,7 @@ def windows(folder: str, split: str, split_answers: bool, seq_len: int, seed: in
                           shuffle_seed=seed)
     count = (len(stream.tokens) - 1) // seq_len
     if count < 1:
-        raise ValueError(f"catbAbI {split} in {folder}: {len(stream.tokens)} tokens do not fill one window of "
+        raise RunRefused(f"catbAbI {split} in {folder}: {len(stream.tokens)} tokens do not fill one window of "
                          f"data.seq_len + 1 = {seq_len + 1}")
     rows = np.arange(count)[:, None] * seq_len + np.arange(seq_len + 1)
     channels = (stream.tokens, stream.answer_mask, stream.task_ids)

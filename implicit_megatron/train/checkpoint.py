@@ -20,6 +20,7 @@ import torch.distributed as dist
 
 from implicit_megatron.config import Config
 from implicit_megatron.train import safe_load
+from implicit_megatron.train.errors import RunRefused
 from implicit_megatron.train.handoff import (
     UNIVERSAL,
     Source,
@@ -168,7 +169,7 @@ def _check_data_signature(cfg: Config, client_state: dict, where: Path, fingerpr
         changed["steps"] = (before, f"{after} (the samples already seen come in another order at this length)")
     if changed and not cfg.checkpoint.allow_data_change:
         detail = "; ".join(f"{k}: {a!r} -> {b!r}" for k, (a, b) in changed.items())
-        raise ValueError(f"{where}: resuming with a changed data order ({detail}) would repeat or skip samples; "
+        raise RunRefused(f"{where}: resuming with a changed data order ({detail}) would repeat or skip samples; "
                          "restore those settings or set checkpoint.allow_data_change=true")
     return False
 

@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 from implicit_megatron.config import Config, PhaseConfig, load_config, phase_bounds
+from implicit_megatron.train.errors import RunRefused
 from implicit_megatron.train.integrity import DamagedCheckpoint, check_tag, newest_complete, read_latest, step_of
 from implicit_megatron.utils.typed_yaml import ConfigError, apply_overrides, read_yaml_chain
 
@@ -47,7 +48,7 @@ def run_bounds(cfg: Config, trained: list | None, step: int) -> tuple[Bounds, st
         return [*kept, (by_name[last_name], last_start, cfg.train.steps)], (
             f"train.steps raised from {old_end} to {cfg.train.steps}: steps {old_end}-{cfg.train.steps - 1} "
             f"continue the last phase, {last_name!r}; the phases before keep their steps")
-    raise ValueError(f"step {moved} was trained in phase {phase_of(trained, moved)!r}, but train.steps "
+    raise RunRefused(f"step {moved} was trained in phase {phase_of(trained, moved)!r}, but train.steps "
                      f"{cfg.train.steps} and the phases' fractions now put it in phase {phase_of(ours, moved)!r}: "
                      f"a run can only lengthen its last phase once it has reached it (this run is at step {step}, "
                      f"phases {', '.join(f'{n} {a}-{b - 1}' for n, a, b in trained)}); restore train.steps "

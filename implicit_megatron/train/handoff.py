@@ -30,6 +30,7 @@ import torch
 
 from implicit_megatron.config import Config
 from implicit_megatron.train import safe_load
+from implicit_megatron.train.errors import RunRefused
 from implicit_megatron.train.integrity import (
     LATEST,
     MODEL_STATES,
@@ -176,7 +177,7 @@ def find_source(cfg: Config, world_size: int, tag: str | None) -> Source | None:
         return None
     changed = shape_keys_changed(source, cfg)
     if changed and source.load_optimizer:  # DeepSpeed's loaders would fail deep inside, or not at all
-        raise ValueError(f"{source.path}: the checkpoint's model does not fit this config's ({changed}); restore "
+        raise RunRefused(f"{source.path}: the checkpoint's model does not fit this config's ({changed}); restore "
                          "those settings (its weights and optimizer state load only into a model of the same shape)")
     now = Layout(world_size, cfg.distributed.zero_stage, cfg.distributed.precision)
     if not source.load_optimizer:
@@ -184,7 +185,7 @@ def find_source(cfg: Config, world_size: int, tag: str | None) -> Source | None:
     elif source.saved == now or (source.saved.plain_optimizer and now.plain_optimizer):
         source.how = "native"
     elif source.saved.plain_optimizer or now.plain_optimizer:
-        raise ValueError(
+        raise RunRefused(
             f"{source.path}: saved under ZeRO-{source.saved.zero_stage} {source.saved.precision} on "
             f"{source.saved.world_size} processes, loading under ZeRO-{now.zero_stage} {now.precision} on "
             f"{now.world_size}: a plain (ZeRO-0, not bf16) optimizer state converts only to another plain one. "
@@ -263,7 +264,7 @@ def universal_of(ckpt_dir: str | Path, tag: str | None = None, workers: int = 4)
         raise FileNotFoundError(f"{folder}: not a checkpoint folder (no '{LATEST}' file); name a tag with --tag")
     layout = saved_layout(folder / tag)
     if layout.plain_optimizer:
-        raise ValueError(f"{folder / tag}: saved under ZeRO-0 in {layout.precision}; its optimizer state is whole "
+        raise RunRefused(f"{folder / tag}: saved under ZeRO-0 in {layout.precision}; its optimizer state is whole "
                          "and loads at any world size as it is: there is nothing to convert")
     return to_universal(folder / tag, workers)
 
@@ -334,9 +335,9 @@ def load_weights(model: torch.nn.Module, state: dict[str, torch.Tensor], where: 
     for name, tensor in state.items():
         target = name if name in own else name.removesuffix(".weight") + ".parametrizations.weight.original1"
         if target not in own:
-            raise ValueError(f"{where}: tensor {name!r} has no place in the model")
+            raise RunRefused(f"{where}: tensor {name!r} has no place in the model")
         if tensor.shape != own[target].shape:
-            raise ValueError(f"{where}: tensor {name!r} has shape {tuple(tensor.shape)}, the model expects "
+            raise RunRefused(f"{where}: tensor {name!r} has shape {tuple(tensor.shape)}, the model expects "
                              f"{tuple(own[target].shape)}")
         (direct if name in own else folded)[name] = tensor
     covered = set(direct) | {n.removesuffix(".weight") + f".parametrizations.weight.original{i}"
@@ -344,7 +345,7 @@ def load_weights(model: torch.nn.Module, state: dict[str, torch.Tensor], where: 
     fresh = [k for k in own if k not in covered]
     if any(not k.startswith("core.injection.") for k in fresh):
         missing = [k for k in fresh if not k.startswith("core.injection.")]
-        raise ValueError(f"{where}: no tensor for {missing[0]!r}" + (f" and {len(missing) - 1} more" if
+        raise RunRefused(f"{where}: no tensor for {missing[0]!r}" + (f" and {len(missing) - 1} more" if
                                                                       len(missing) > 1 else ""))
     model.load_state_dict(direct, strict=False)
     with torch.no_grad():
@@ -386,11 +387,11 @@ def shape_keys_changed(source: Source, cfg: Config) -> str:
     return "; ".join(f"{k}: {v!r} in the checkpoint, {value(now, k)!r} here" for k, v in changed.items())
 
 
-def shape_error(source: Source, cfg: Config, err: Exception) -> ValueError:
+def shape_error(source: Source, cfg: Config, err: Exception) -> RunRefused:
     """A load that failed on tensor shapes or names, explained by the config keys that differ."""
     changed = shape_keys_changed(source, cfg)
     detail = changed or str(err).strip().splitlines()[0]
-    return ValueError(f"{source.path}: the checkpoint's model does not fit this config's ({detail}); "
+    return RunRefused(f"{source.path}: the checkpoint's model does not fit this config's ({detail}); "
                       "restore those settings to resume, or start from its weights in a new run")
 
 

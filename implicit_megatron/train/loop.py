@@ -26,10 +26,11 @@ from implicit_megatron.builder import build_model
 from implicit_megatron.config import Config, PhaseConfig, phase_bounds
 from implicit_megatron.models.lm import seq_idx_from_eod
 from implicit_megatron.models.loss import IGNORE_INDEX
-from implicit_megatron.train import checkpoint, handoff, safe_load
+from implicit_megatron.train import checkpoint, handoff, safe_load, stopping
 from implicit_megatron.train.catbabi_task import group_hits
 from implicit_megatron.train.curriculum import recorded_bounds, run_bounds, trained_bounds
 from implicit_megatron.train.engine import build_engine, init_distributed
+from implicit_megatron.train.errors import RunRefused
 from implicit_megatron.train.flops import peak_flops_per_device, step_flops
 from implicit_megatron.train.guards import DivergenceWatch
 from implicit_megatron.train.schedule import learning_rate
@@ -91,6 +92,7 @@ class Trainer:
         self.source = self._prepare_source()
         self.engine = build_engine(cfg, self.model, load_universal=self.source is not None
                                    and self.source.how == "universal")
+        stopping.check()  # a SIGTERM while the engine was built
         self.accum = self.engine.gradient_accumulation_steps()
         self.batches = self.task.train_batches(self.rank, self.world, self.accum)
         self.progress = Progress()
@@ -126,7 +128,7 @@ class Trainer:
                 chosen[1] = str(err)
         dist.broadcast_object_list(chosen, src=0)
         if chosen[1]:
-            raise SystemExit(f"checkpoint error: {chosen[1]}")
+            raise RunRefused(f"checkpoint error: {chosen[1]}")
         source = handoff.find_source(self.cfg, self.world, chosen[0])
         if source is None:
             return None
@@ -182,7 +184,7 @@ class Trainer:
         for phase, start, end in self.bounds:
             if phase.name == self.cfg.curriculum.run_phase:
                 if self.progress.step < start:
-                    raise ValueError(f"phase {phase.name!r} starts at step {start}, but this run is at step "
+                    raise RunRefused(f"phase {phase.name!r} starts at step {start}, but this run is at step "
                                      f"{self.progress.step}: run the earlier phases first")
                 return self.progress.step, end
         raise AssertionError("validated config names an unknown phase")
@@ -208,6 +210,7 @@ class Trainer:
     # ---------------------------------------------------------------- loop
 
     def fit(self) -> None:
+        stopping.check()  # the last point of the start-up: from here a SIGTERM saves a checkpoint
         signal.signal(signal.SIGTERM, self._on_sigterm)
         out = Path(self.cfg.output_dir)
         if self.rank == 0:  # a stop asked of an earlier launch is not one asked of this one

@@ -20,6 +20,7 @@ import torch
 from data_pipeline.packed import DistributedBatchIterator
 from implicit_megatron.config import Config
 from implicit_megatron.models.loss import IGNORE_INDEX
+from implicit_megatron.train.errors import RunRefused
 
 PAD = -1  # a validation row that only keeps the ranks' forwards in step
 FINGERPRINT_SAMPLES = 64
@@ -102,7 +103,7 @@ class GlobalBatchStream:
 
     def load_state_dict(self, state: dict[str, int]) -> None:
         if state["consumed_samples"] % self.global_batch:
-            raise ValueError(f"consumed_samples {state['consumed_samples']} is not a multiple of the global batch "
+            raise RunRefused(f"consumed_samples {state['consumed_samples']} is not a multiple of the global batch "
                              f"{self.global_batch}")
         self.step, self._queue = state["consumed_samples"] // self.global_batch, []
 

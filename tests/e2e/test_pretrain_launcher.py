@@ -50,6 +50,15 @@ def test_two_cpu_processes_train(shakespeare_shards, tmp_path):
     assert "done at step 6: validation perplexity" in result.stdout
     rows = [json.loads(line) for line in (Path(tmp_path) / "metrics.jsonl").read_text().splitlines()]
     assert rows[-1]["val/ppl"] > 1
+    # a refusal found by the ranks (a changed data order): one line from rank 0, exit 2, no traceback
+    refused = pretrain("configs/tiny/llama-implicit.yaml", f"data.prefixes=[{shakespeare_shards}]", "data.source=null",
+                       f"train.output_dir={tmp_path}", "train.steps=6", "train.eval_interval=6",
+                       "tracking.enabled=false", "data.seq_len=32", nproc=2)
+    assert refused.returncode == 2, refused.stdout[-3000:] + refused.stderr[-3000:]
+    errors = [line for line in (refused.stdout + refused.stderr).splitlines() if "error" in line.lower()]
+    assert len(errors) == 1 and errors[0].startswith("error: ") and "changed data order (seq_len" in errors[0]
+    assert "Traceback" not in refused.stderr + refused.stdout and "ChildFailedError" not in refused.stderr
+    assert not (tmp_path / "run.lock").exists()
 
 
 def start(out: Path, shards: str, *extra: str, steps: int = 300) -> subprocess.Popen:
@@ -96,6 +105,22 @@ def test_two_runs_on_one_machine_without_master_port_both_finish(shakespeare_sha
         out, _ = proc.communicate(timeout=300)
         assert proc.returncode == 0, out[-3000:]
         assert "EADDRINUSE" not in out
+
+
+@pytest.mark.distributed
+def test_sigterm_during_start_up_ends_gracefully_and_releases_the_folder(shakespeare_shards, tmp_path):
+    proc = start(tmp_path, shakespeare_shards)
+    deadline = time.time() + 120
+    while not (tmp_path / "run.lock").is_file():  # rank 0 took the folder: the start-up is under way
+        assert proc.poll() is None and time.time() < deadline, proc.stdout.read()[-3000:]
+        time.sleep(0.05)
+    os.killpg(proc.pid, signal.SIGTERM)
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 0, out[-3000:]
+    assert "stopped by SIGTERM during start-up, before the first step" in out
+    assert "Traceback" not in out and not (tmp_path / "metrics.jsonl").exists()
+    assert not (tmp_path / "run.lock").exists()
+    assert json.loads((tmp_path / "preempted.json").read_text()) == {"step": None, "checkpoint": None}
 
 
 @pytest.mark.distributed

@@ -1,0 +1,45 @@
+"""torchrun for launch/pretrain.sh on machines without GPUs, without its wall of text.
+
+    python -m implicit_megatron.train.torchrun [torchrun's arguments]
+
+It runs torch.distributed.run itself. When a rank fails, torchrun prints a traceback of its own
+and a table of every rank's exit around the one line that matters; a rank that refuses to go on
+(a changed data order, a checkpoint that does not fit: exit status 2) has said why in one line
+already. Here the launcher's own messages are dropped and its exit status is the failed rank's: 2
+for a refusal (nothing more is printed), otherwise one line naming the rank, its exit status and
+where to look. SIGTERM still reaches every rank (they save and stop); the launcher then exits
+128 + the signal, which launch/pretrain.sh reads with the ranks' preempted.json.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+from implicit_megatron.train.errors import REFUSED
+
+
+def main(argv: list[str] | None = None) -> int:
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.run import get_args_parser, run
+
+    for name in [n for n in logging.root.manager.loggerDict if n.startswith("torch.distributed.elastic")]:
+        logging.getLogger(name).setLevel(logging.CRITICAL)  # each module's logger has its own level
+    args = get_args_parser().parse_args(sys.argv[1:] if argv is None else argv)
+    try:
+        run(args)
+    except ChildFailedError as err:
+        rank, failure = err.get_first_failure()
+        code = failure.exitcode if failure.exitcode > 0 else 128 - failure.exitcode
+        if code != REFUSED:
+            print(f"torchrun: rank {rank} failed with exit status {failure.exitcode} (its output above says why)",
+                  file=sys.stderr, flush=True)
+        return code
+    except SignalException as err:
+        return 128 + int(err.sigval)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
