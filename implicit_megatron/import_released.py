@@ -21,12 +21,11 @@ import torch
 from implicit_megatron.builder import build_model
 from implicit_megatron.config import Config, load_config
 from implicit_megatron.export import write_folder
-from implicit_megatron.import_weights import read_source
+from implicit_megatron.import_weights import DEFAULT_BASE, read_source, source_name
 
 logger = logging.getLogger(__name__)
 
 MODEL_TYPES = {"implicit_llama3": "llama", "implicit_mamba2": "mamba2"}
-DEFAULT_BASE = Path(__file__).resolve().parents[1] / "configs/tiny/llama-explicit.yaml"  # training defaults only
 WN = {"weight_g": "parametrizations.weight.original0", "weight_v": "parametrizations.weight.original1"}
 LLAMA_LAYER = {"norm.": "input_layernorm.", "mixer.wq.": "self_attn.q_proj.", "mixer.wk.": "self_attn.k_proj.",
                "mixer.wv.": "self_attn.v_proj.", "mixer.out_proj.": "self_attn.o_proj.",
@@ -93,7 +92,9 @@ def released_overrides(hf: dict, src: Path) -> list[str]:
         heads = block.pop("n_head")
         if block.pop("bias", False) or not block.pop("apply_rotary", True):
             _refuse(src, "backbone_config.block_cfg", "bias/apply_rotary", "attention biases or no RoPE")
-        block.pop("max_seq_len", None)  # the RoPE table's length; ours has none
+        max_seq_len = block.pop("max_seq_len", None)  # the RoPE table's length: the trained length
+        if max_seq_len:
+            out.append(f"data.seq_len={int(max_seq_len)}")
         out += [f"model.llama.n_heads={heads}", f"model.llama.n_kv_heads={block.pop('n_kv_heads', heads)}",
                 f"model.llama.ffn_dim={int(2 * d_inner / 3)}",
                 f"model.llama.rope_theta={block.pop('rope_theta', 500000.0)}",
@@ -183,8 +184,8 @@ def import_released(src: str | Path, out_dir: str | Path, base_config: str | Pat
     released code does."""
     src, out = Path(src), Path(out_dir)
     hf, weights = read_source(src)
-    cfg: Config = load_config(Path(base_config) if base_config else DEFAULT_BASE, released_overrides(hf, src),
-                              check_files=False)
+    cfg: Config = load_config(Path(base_config) if base_config else DEFAULT_BASE,
+                              [f"name={source_name(src)}", *released_overrides(hf, src)], check_files=False)
     state = released_state(weights, cfg.model.arch, cfg.model.tie_embeddings, src)
     dtype = weights["word_emb.emb.weight"].dtype
     model = build_model(cfg, dtype=dtype)

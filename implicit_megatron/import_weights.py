@@ -17,6 +17,13 @@ from implicit_megatron.builder import build_model
 from implicit_megatron.config import Config, load_config
 from implicit_megatron.export import write_folder
 
+DEFAULT_BASE = Path(__file__).resolve().parents[1] / "configs/parts/imported.yaml"  # what a source does not say
+
+
+def source_name(src: Path) -> str:
+    """An imported model's run name: its source folder's (or file's) name."""
+    name = (src if src.is_dir() else src.parent).resolve().name
+    return "".join(c if c.isalnum() or c in "-_." else "-" for c in name) or "imported"
 
 def read_source(src: Path) -> tuple[dict, dict[str, torch.Tensor]]:
     """config.json and the weights (model.safetensors or pytorch_model.bin) of a model folder."""
@@ -91,8 +98,11 @@ def import_explicit(src: str | Path, out_dir: str | Path, base_config: str | Pat
     vocab = hf["vocab_size"]
     overrides += [f"model.vocab_size={vocab}", "model.pad_vocab_multiple=1",
                   f"model.tie_embeddings={str(bool(tied)).lower()}", "implicit.weight_norm=false"]
-    default_base = Path(__file__).resolve().parents[1] / "configs/tiny/llama-explicit.yaml"  # any explicit config
-    cfg: Config = load_config(Path(base_config) if base_config else default_base, overrides, check_files=False)
+    if not base_config:  # the source's name and trained length, the rest from configs/parts/imported.yaml
+        overrides = [f"name={source_name(src)}", *overrides]
+        if hf.get("max_position_embeddings"):
+            overrides.append(f"data.seq_len={int(hf['max_position_embeddings'])}")
+    cfg: Config = load_config(Path(base_config) if base_config else DEFAULT_BASE, overrides, check_files=False)
     state = {}
     for name, tensor in weights.items():
         prefix = next((p for p in prefixes if name.startswith(p)), None)

@@ -74,6 +74,19 @@ def default_output(loaded: LoadedModel) -> Path:
     return folder / "evaluation" if kind == "export" else folder.parent / "evaluation"
 
 
+def vocabulary_mismatch(prefix: str, top: int, vocab: int, loaded: LoadedModel) -> str:
+    """Why data tokenized for another vocabulary cannot be evaluated (its ids index past the model's)."""
+    built = ""
+    try:
+        stats = json.loads(Path(f"{prefix}_stats.json").read_text())
+        built = f", tokenized with {stats['tokenizer']} ({stats['vocab_size']} tokens)"
+    except (OSError, ValueError, KeyError):
+        pass
+    return (f"--data {prefix}{built} holds token id {top}, beyond the vocabulary of the model {loaded.source} "
+            f"({vocab} tokens): evaluate it on data tokenized with the model's own tokenizer "
+            f"({loaded.cfg.data.tokenizer})")
+
+
 class Evaluation:
     """One model on one data prefix; each result is computed at most once."""
 
@@ -88,7 +101,11 @@ class Evaluation:
         self._sequential: tuple[NLLResult, SequentialResult] | None = None
 
     def windows(self, length: int, count: int | None) -> torch.Tensor:
-        return load_windows(self.options.data, length, self.seed, self.options.split, count)
+        windows = load_windows(self.options.data, length, self.seed, self.options.split, count)
+        vocab = self.loaded.cfg.model.vocab_size
+        if windows.numel() and int(windows.max()) >= vocab:
+            raise ValueError(vocabulary_mismatch(self.options.data, int(windows.max()), vocab, self.loaded))
+        return windows
 
     def nll(self, length: int) -> NLLResult:
         if length not in self._nll:

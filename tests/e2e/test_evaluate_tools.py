@@ -80,3 +80,18 @@ def test_a_missing_data_prefix_is_refused(tiny_run, tmp_path):
     result = tool("evaluate", tiny_run.export, "--data", tmp_path / "neox", "--tasks", "ppl")
     assert result.returncode == 2
     assert "no test shards for prefix" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_data_beyond_the_models_vocabulary_is_refused_naming_both(shakespeare_shards, tmp_path):
+    """The released fixture (64 tokens), imported, then evaluated on NeoX-tokenized shards."""
+    imported = tmp_path / "imported"
+    made = subprocess.run([sys.executable, "tools/convert_checkpoint.py", "import", "tests/fixtures/released/llama",
+                           str(imported)], cwd=ROOT, capture_output=True, text=True, timeout=240, env=child_env())
+    assert made.returncode == 0, made.stderr[-3000:]
+    assert json.loads((imported / "config.json").read_text())["implicit_megatron"]["name"] == "llama"
+    result = tool("evaluate", imported, "--data", shakespeare_shards, "--tasks", "ppl", "--seq-lens", "16",
+                  "--max-windows", "4")
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-3000:]
+    assert f"--data {shakespeare_shards}, tokenized with data/tokenizers/gpt-neox-20b.json.xz (50277 tokens) holds " \
+           "token id" in result.stderr
+    assert f"beyond the vocabulary of the model {imported} (64 tokens)" in result.stderr
