@@ -125,6 +125,10 @@ def main(argv: list[str] | None = None) -> int:
 
     tokenizer = load_tokenizer(path)
     print(f"{path}: {tokenizer.vocab_size} tokens, end of text = id {tokenizer.eod_id}")
+    if tokenizer.vocab_size < args.vocab_size:
+        print(f"train_tokenizer: warning: {tokenizer.vocab_size} tokens, not the --vocab-size {args.vocab_size} asked "
+              "for: the training text has no more merges that occur twice or more (give it more text, or ask for "
+              f"fewer tokens); set model.vocab_size to at least {tokenizer.vocab_size}", file=sys.stderr)
     return 0
 
 

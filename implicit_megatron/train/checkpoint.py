@@ -110,8 +110,13 @@ def remove_partial(cfg: Config, log) -> None:
     """Remove the partial tag folders a kill during a save left (rank 0, before anything starts)."""
     folder = checkpoint_dir(cfg)
     for leftover in sorted(folder.glob(PARTIAL + "*")) if folder.is_dir() else []:
-        shutil.rmtree(leftover, ignore_errors=True)
-        log(f"removed {leftover}, a checkpoint whose save was interrupted")
+        try:
+            shutil.rmtree(leftover)
+        except OSError as err:
+            log(f"warning: could not remove {leftover}, a checkpoint whose save was interrupted ({err}); "
+                "it is never loaded")
+        else:
+            log(f"removed {leftover}, a checkpoint whose save was interrupted")
 
 
 def load(engine, cfg: Config, source: Source, fingerprint=None) -> dict:

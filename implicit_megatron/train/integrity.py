@@ -31,7 +31,9 @@ class DamagedCheckpoint(ValueError):
     """A checkpoint file that is missing, cut short or changed; names the file and the problem."""
 
     def __init__(self, file: Path, problem: str) -> None:
-        super().__init__(f"{file}: {problem}; the checkpoint {file.parent.name} is incomplete or corrupt")
+        tag = next((p.name for p in (file, *file.parents) if step_of(p.name) is not None), None)
+        whose = f"; the checkpoint {tag} is incomplete or corrupt" if tag else ""  # `latest` belongs to no tag
+        super().__init__(f"{file}: {problem}{whose}")
         self.file, self.problem = file, problem
 
 

@@ -36,7 +36,13 @@ from implicit_megatron.train.guards import DivergenceWatch
 from implicit_megatron.train.schedule import learning_rate
 from implicit_megatron.train.step_metrics import IntervalMetrics, read_on_host, reduce_over_ranks, step_flags
 from implicit_megatron.train.tasks import build_task
-from implicit_megatron.train.tracking import Tracker, append_metrics, read_metrics, validation_text
+from implicit_megatron.train.tracking import (
+    Tracker,
+    append_metrics,
+    drop_metrics_after,
+    read_metrics,
+    validation_text,
+)
 
 NAN_LOSS_AT_STEP = "IMPLICIT_MEGATRON_NAN_LOSS_AT_STEP"  # a step (1-based) whose loss is made NaN
 LOSS_JUMP_AT_STEP = "IMPLICIT_MEGATRON_LOSS_JUMP_AT_STEP"  # a step whose reported loss is made 1000x
@@ -171,6 +177,10 @@ class Trainer:
                              "already seen come in the same order; extending the run")
                 self.batches.load_state_dict(data_state)
         self.log(f"loaded {state['loaded_from']} at step {p.step} ({p.consumed_samples} samples)")
+        redone = drop_metrics_after(self.cfg.output_dir, p.step) if self.rank == 0 else []
+        if redone:
+            self.log(f"metrics.jsonl: removed the records of steps {redone[0]}-{redone[-1]}, which this launch "
+                     "trains again")
         self.bounds, extension = run_bounds(self.cfg, recorded_bounds(state), p.step)
         if extension:
             old_steps = recorded_bounds(state)[-1][2]

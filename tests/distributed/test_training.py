@@ -107,6 +107,9 @@ def test_killed_runs_resume_exactly(shakespeare_shards, tmp_path):
     assert "removed" in resumed.stdout and ".partial-free-step12, a checkpoint whose save was interrupted" in \
         resumed.stdout
     assert "at step 10 (80 samples)" in resumed.stdout
+    assert "metrics.jsonl: removed the records of steps 11-12, which this launch trains again" in resumed.stdout
+    logged = [r["step"] for r in records_with(interrupted, "train/loss")]
+    assert len(logged) == len(set(logged))  # one record per step, the resumed launch's
 
     a, b = records(straight), records(interrupted)
     assert sorted(a) == sorted(b) == list(range(1, 13))

@@ -23,6 +23,13 @@ def test_byte_bpe_from_the_command_line(tmp_path, run_cli, write_jsonl, corpus):
     assert tokenizer.kind == "hf" and tokenizer.vocab_size == 800
     assert tokenizer.eod_id == tokenizer.token_id("<|endoftext|>") == 0
     assert tokenizer.decode(tokenizer.encode(SAMPLE)) == SAMPLE  # bytes: nothing is unknown
+    assert "warning" not in result.stderr
+    small = write_jsonl(tmp_path / "small.jsonl", [{"text": "one short document"}])
+    result = run_cli("data_pipeline.train_tokenizer", "--input", str(small), "--vocab-size", "2000", "--output",
+                     str(tmp_path / "small.json"))
+    assert result.returncode == 0, result.stderr
+    got = load_tokenizer(tmp_path / "small.json").vocab_size
+    assert got < 2000 and f"warning: {got} tokens, not the --vocab-size 2000 asked for" in result.stderr
 
 
 @pytest.mark.parametrize("model_type", ["unigram", "bpe"])

@@ -215,3 +215,24 @@ def test_raised_steps_are_accepted_only_when_the_seen_order_holds():
     other = {**saved, "data_signature": {**saved["data_signature"], "seed": 1}}
     with pytest.raises(ValueError, match="changed data order"):  # more than the length changed
         _check_data_signature(cfg, other, Path("ckpt"), lambda n: "abc")
+
+
+def test_an_interrupted_save_is_said_removed_only_when_it_was(tmp_path, monkeypatch):
+    from implicit_megatron.train import checkpoint
+
+    cfg = load_config(TINY, [f"train.output_dir={tmp_path}"])
+    leftover = tmp_path / "checkpoints" / ".partial-free-step12"
+    leftover.mkdir(parents=True)
+    said = []
+
+    def refuse(path, *args, **kwargs):
+        raise PermissionError(13, "Permission denied", str(path))
+
+    monkeypatch.setattr(checkpoint.shutil, "rmtree", refuse)
+    checkpoint.remove_partial(cfg, said.append)
+    assert said == [f"warning: could not remove {leftover}, a checkpoint whose save was interrupted ([Errno 13] "
+                    f"Permission denied: '{leftover}'); it is never loaded"]
+    monkeypatch.undo()
+    said.clear()
+    checkpoint.remove_partial(cfg, said.append)
+    assert said == [f"removed {leftover}, a checkpoint whose save was interrupted"] and not leftover.exists()

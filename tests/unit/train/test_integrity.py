@@ -73,8 +73,14 @@ def test_the_newest_complete_tag_and_the_hint_name_the_previous_one(tmp_path):
 def test_a_latest_with_stray_bytes_is_refused_by_name(tmp_path):
     assert read_latest(tmp_path) is None
     (tmp_path / "latest").write_bytes(b"\xff\xfe\x00garbage")
-    with pytest.raises(DamagedCheckpoint, match="latest: does not hold a checkpoint tag name"):
+    with pytest.raises(DamagedCheckpoint) as info:
         read_latest(tmp_path)
+    assert str(info.value) == f"{tmp_path / 'latest'}: does not hold a checkpoint tag name"  # not 'the checkpoint
+    # checkpoints': `latest` is no tag's file
+    with pytest.raises(DamagedCheckpoint) as info:
+        check_tag(tmp_path / "free-step9")  # a tag `latest` could name that is not there
+    assert str(info.value) == (f"{tmp_path / 'free-step9'}: is missing; the checkpoint free-step9 is incomplete or "
+                               "corrupt")
 
 
 def test_the_manifest_names_a_truncated_changed_swapped_or_unlisted_file(tmp_path):
