@@ -91,7 +91,9 @@ class ImplicitCore(nn.Module):
         self.cuda_graphs = cuda_graphs
         self.graph_blocker: str | None = None  # set by whoever makes graphs impossible (ZeRO-3)
         self._graphs: dict[tuple, object] = {}
+        self._addresses: graphs_lib.Addresses | None = None  # of the backbone, listed at the first graph
         self._graph_addresses: tuple[int, ...] | None = None
+        self._normed: tuple[int, list[nn.Module]] | None = None  # (weight_norm.changes, the layers)
         self._pool = None  # the solver graphs' memory pool
         self._seen: dict[tuple, int] = {}  # forwards per input shape (graphs for recurring shapes only)
         self._logged: set[str] = set()
@@ -166,11 +168,18 @@ class ImplicitCore(nn.Module):
         With gradient, not where a pass is recomputed in backward (activation checkpointing: the
         recomputation must compute the weight as the forward did) or where ZeRO-3 releases g and v
         after each layer's backward: there every read computes the weight again."""
-        layers = [layer for _, layer in weight_norm.weight_normed(self.backbone)]
+        layers = self._weight_normed()
         if not layers or (with_gradient and (getattr(self.backbone, "checkpoint_layers", False)
                                              or self.graph_blocker is not None)):
             return contextlib.nullcontext()
         return weight_norm.reading(layers, weight_norm.compute(layers))
+
+    def _weight_normed(self) -> list[nn.Module]:
+        """The backbone's weight-normalised layers, listed again only when weight norm was applied
+        or removed somewhere since."""
+        if self._normed is None or self._normed[0] != weight_norm.changes:
+            self._normed = (weight_norm.changes, [layer for _, layer in weight_norm.weight_normed(self.backbone)])
+        return self._normed[1]
 
     # ------------------------------------------------------------------ CUDA graphs
 
@@ -179,7 +188,7 @@ class ImplicitCore(nn.Module):
         if not self.implicit:  # one pass with gradient from z0 = x
             return self._grad_graphs(x, None, seq_idx, 1, None)(x, None, seq_idx)
         norms = None
-        if weight_norm.weight_normed(self.backbone):
+        if self._weight_normed():
             norms = self._captured(("norms",), lambda: graphs_lib.NormGraphs(self.backbone))
             norms.refresh()
         inj = self.injection(x) if self.injection is not None else None
@@ -224,7 +233,9 @@ class ImplicitCore(nn.Module):
         self._seen[seen] = self._seen.get(seen, 0) + 1
         if self._seen[seen] < 2:
             return False
-        addresses = graphs_lib.address_key(self.backbone)
+        if self._addresses is None:
+            self._addresses = graphs_lib.Addresses(self.backbone)
+        addresses = self._addresses.read()
         if addresses != self._graph_addresses:
             if self._graph_addresses is not None:
                 self._log_once("parameters or buffers moved to new memory: CUDA graphs re-captured")

@@ -70,10 +70,13 @@ class WeightNormConv1d(_WeightNormed, nn.Conv1d):
 
 
 WEIGHT_NORMED = {nn.Linear: WeightNormLinear, nn.Conv1d: WeightNormConv1d}
+changes = 0  # bumped whenever weight norm is applied or removed: lets callers cache `weight_normed`
 
 
 def apply_weight_norm(module: nn.Module) -> None:
     """Weight-normalise every Linear and Conv1d in `module` (in place; the function is unchanged)."""
+    global changes
+    changes += 1
     for layer in list(module.modules()):
         if type(layer) in WEIGHT_NORMED:
             weight = layer._parameters.pop("weight")
@@ -83,6 +86,8 @@ def apply_weight_norm(module: nn.Module) -> None:
 
 def remove_weight_norm(module: nn.Module) -> None:
     """Fold g and v back into plain weights (for export): the function is unchanged."""
+    global changes
+    changes += 1
     for layer in list(module.modules()):
         if isinstance(layer, _WeightNormed):
             weight = layer.parametrizations.weight().detach()
@@ -95,11 +100,6 @@ def remove_weight_norm(module: nn.Module) -> None:
 def weight_normed(module: nn.Module) -> list[tuple[str, nn.Module]]:
     """(name, layer) of every weight-normalised layer in `module`, in module order."""
     return [(name, layer) for name, layer in module.named_modules() if isinstance(layer, _WeightNormed)]
-
-
-def originals(module: nn.Module) -> set[str]:
-    """Names (relative to `module`) of the g and v parameters: what `reading` makes unread."""
-    return {f"{name}.parametrizations.weight.original{i}" for name, _ in weight_normed(module) for i in (0, 1)}
 
 
 def compute(layers: Sequence[nn.Module]) -> list[torch.Tensor]:
