@@ -17,16 +17,11 @@ from pathlib import Path
 import torch
 
 from implicit_megatron.builder import build_model, remove_weight_norm
+from implicit_megatron.checkpoints.integrity import require_complete
+from implicit_megatron.checkpoints.layout import model_states_file, read_client_state, read_latest, saved_layout
+from implicit_megatron.checkpoints.weights import consolidated_weights
 from implicit_megatron.config import Config
 from implicit_megatron.models.lm import LanguageModel
-from implicit_megatron.train.handoff import (
-    consolidated_weights,
-    model_states_file,
-    read_client_state,
-    read_latest,
-    saved_layout,
-)
-from implicit_megatron.train.integrity import require_complete
 from implicit_megatron.utils.typed_yaml import build_dataclass
 
 MODEL_FILE, CONFIG_FILE, MODELING_FILE = "model.safetensors", "config.json", "modeling_implicit_megatron.py"

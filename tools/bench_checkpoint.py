@@ -39,7 +39,8 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from implicit_megatron import build_model, load_config
-    from implicit_megatron.train import checkpoint, integrity
+    from implicit_megatron.checkpoints import integrity
+    from implicit_megatron.train import checkpoint
     from implicit_megatron.train.engine import build_engine, init_distributed
 
     out = Path(args.output)

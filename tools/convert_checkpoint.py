@@ -53,13 +53,13 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     import torch
 
-    from implicit_megatron.train import safe_load
+    from implicit_megatron.checkpoints import safe_load
 
     safe_load.set_trust(args.trust_checkpoint)
+    from implicit_megatron.checkpoints.universal import universal_of
     from implicit_megatron.export import export
     from implicit_megatron.import_released import export_released_from, import_released, is_released
     from implicit_megatron.import_weights import import_explicit
-    from implicit_megatron.train.handoff import universal_of
 
     try:
         if args.command == "export" and args.format == "released":

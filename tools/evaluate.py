@@ -81,11 +81,11 @@ def parse(argv: list[str] | None):
 
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
+    from implicit_megatron.checkpoints import safe_load
     from implicit_megatron.evaluation.lm_eval_run import PAPER_TASKS, LmEvalOptions
     from implicit_megatron.evaluation.loading import NotAModelError
     from implicit_megatron.evaluation.phases import SolverChoice
     from implicit_megatron.evaluation.runner import EvalOptions, run_evaluation
-    from implicit_megatron.train import safe_load
     from implicit_megatron.utils.typed_yaml import ConfigError
 
     safe_load.set_trust(args.trust_checkpoint)

@@ -40,10 +40,10 @@ def parse(argv: list[str] | None):
 
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
+    from implicit_megatron.checkpoints import safe_load
     from implicit_megatron.evaluation.generation import SamplingConfig, generate
     from implicit_megatron.evaluation.loading import NotAModelError, load_model
     from implicit_megatron.evaluation.phases import SolverChoice
-    from implicit_megatron.train import safe_load
 
     safe_load.set_trust(args.trust_checkpoint)
     if args.max_new_tokens < 1:

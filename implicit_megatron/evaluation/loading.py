@@ -44,8 +44,8 @@ class LoadedModel:
 
 def classify(path: str | Path) -> tuple[str, Path, str | None]:
     """("checkpoint", checkpoints folder, tag) or ("export", folder, None); NotAModelError otherwise."""
+    from implicit_megatron.checkpoints.layout import LATEST, MODEL_STATES, ZERO3_MODEL_STATES
     from implicit_megatron.export import CONFIG_FILE, MODEL_FILE
-    from implicit_megatron.train.handoff import LATEST, MODEL_STATES, ZERO3_MODEL_STATES
 
     folder = Path(path)
     if not folder.exists():
@@ -66,8 +66,8 @@ def load_model(path: str | Path, device: str | torch.device = "cpu", dtype: torc
                choice: SolverChoice | None = None) -> LoadedModel:
     """Load for evaluation; `choice` overrides the phase, pass cap or tolerance of the solver."""
     from implicit_megatron.builder import build_model, remove_weight_norm
+    from implicit_megatron.checkpoints.layout import phase_of, read_latest
     from implicit_megatron.export import from_pretrained, read_checkpoint, read_folder_config
-    from implicit_megatron.train.handoff import phase_of, read_latest
 
     kind, folder, tag = classify(path)
     if kind == "export":

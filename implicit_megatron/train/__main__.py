@@ -82,7 +82,7 @@ def _run(args, seen_output) -> int:
         if lock is not None:
             lock.release()
         raise
-    from implicit_megatron.train.errors import REFUSED, RunRefused
+    from implicit_megatron.errors import REFUSED, RunRefused
     from implicit_megatron.train.loop import Trainer
 
     try:

@@ -21,8 +21,8 @@ import numpy as np
 import torch
 
 from implicit_megatron.config import Config
+from implicit_megatron.errors import RunRefused
 from implicit_megatron.models.loss import IGNORE_INDEX
-from implicit_megatron.train.errors import RunRefused
 from implicit_megatron.train.tasks import GlobalBatchStream, order_digest, split_fixed_set
 
 TASKS = 20  # bAbI task numbers run from 1 to 20; metrics are named accuracy_task<N>

@@ -1,10 +1,9 @@
-"""DeepSpeed checkpoints with our client state, an atomic `latest`, and the last N kept.
+"""Saving and loading the training state through the DeepSpeed engine, with our client state.
 
-Layout: {output_dir}/checkpoints/{tag}/ (DeepSpeed's files + rng_rank{r}.pt) and
-{output_dir}/checkpoints/latest, a one-line file naming the newest *complete* tag. A tag is
-written as `.partial-{tag}` and renamed once every rank has finished; `latest` is replaced
-(write, fsync, rename) after that, so a kill while a checkpoint is written leaves `latest` on the
-previous complete one and no partial folder under a real name (the next start removes it).
+Where the files go and what makes a tag complete is implicit_megatron.checkpoints (layout,
+integrity); here: the engine's save into `.partial-{tag}` on every rank, the rename and `latest`
+once all are done, pruning; and the load of a tag (the engine's state, the RNG, the data position,
+refused when the data order changed).
 """
 
 from __future__ import annotations
@@ -18,22 +17,24 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from implicit_megatron.config import Config
-from implicit_megatron.train import safe_load
-from implicit_megatron.train.errors import RunRefused
-from implicit_megatron.train.handoff import (
+from implicit_megatron.checkpoints import safe_load
+from implicit_megatron.checkpoints.integrity import write_manifest
+from implicit_megatron.checkpoints.layout import (
+    PARTIAL,
     UNIVERSAL,
-    Source,
+    UNIVERSAL_INFO,
+    checkpoint_dir,
+    prune,
     read_client_state,
-    shape_error,
-    shape_keys_changed,
+    read_latest,
     write_latest,
 )
-from implicit_megatron.train.integrity import read_latest, recorded_val_loss, step_of, tags_by_step, write_manifest
+from implicit_megatron.checkpoints.weights import model_settings_changed
+from implicit_megatron.config import Config
+from implicit_megatron.errors import RunRefused
+from implicit_megatron.train.handoff import Source, shape_error
 
-UNIVERSAL_INFO = "universal_checkpoint_info"
 CRASH_BEFORE_LATEST = "IMPLICIT_MEGATRON_CRASH_BEFORE_LATEST"  # a tag: exit after writing it, before `latest`
-PARTIAL = ".partial-"  # a tag is written under this prefix and renamed when every rank has finished
 
 
 class CheckpointSaveError(RuntimeError):
@@ -53,10 +54,6 @@ def _why_save_failed(err: Exception, partial: Path) -> str:
     else:
         cause = str(err).strip().splitlines()[0]
     return f"{cause} (writing {where})"
-
-
-def checkpoint_dir(cfg: Config) -> Path:
-    return Path(cfg.output_dir) / "checkpoints"
 
 
 def data_signature(cfg: Config) -> dict:
@@ -101,22 +98,9 @@ def save(engine, cfg: Config, tag: str, client_state: dict, val_loss: float | No
             shutil.rmtree(folder / tag)
         os.replace(folder / partial, folder / tag)
         write_latest(folder, tag)
-        _prune(folder, cfg.checkpoint.keep_last, latest=tag)
+        prune(folder, cfg.checkpoint.keep_last, latest=tag)
     dist.barrier()
     return folder / tag
-
-
-def remove_partial(cfg: Config, log) -> None:
-    """Remove the partial tag folders a kill during a save left (rank 0, before anything starts)."""
-    folder = checkpoint_dir(cfg)
-    for leftover in sorted(folder.glob(PARTIAL + "*")) if folder.is_dir() else []:
-        try:
-            shutil.rmtree(leftover)
-        except OSError as err:
-            log(f"warning: could not remove {leftover}, a checkpoint whose save was interrupted ({err}); "
-                "it is never loaded")
-        else:
-            log(f"removed {leftover}, a checkpoint whose save was interrupted")
 
 
 def load(engine, cfg: Config, source: Source, fingerprint=None) -> dict:
@@ -139,7 +123,7 @@ def load(engine, cfg: Config, source: Source, fingerprint=None) -> dict:
             _, client_state = engine.load_checkpoint(str(folder), tag=tag, load_optimizer_states=True,
                                                      load_lr_scheduler_states=False)
         except RuntimeError as err:  # load_state_dict's size mismatch or missing keys
-            if shape_keys_changed(source, cfg) or "state_dict" in str(err):
+            if model_settings_changed(source.path, cfg) or "state_dict" in str(err):
                 raise shape_error(source, cfg, err) from None
             raise
         if client_state is None:
@@ -177,19 +161,6 @@ def _check_data_signature(cfg: Config, client_state: dict, where: Path, fingerpr
         raise RunRefused(f"{where}: resuming with a changed data order ({detail}) would repeat or skip samples; "
                          "restore those settings or set checkpoint.allow_data_change=true")
     return False
-
-
-def _prune(folder: Path, keep_last: int, latest: str) -> None:
-    """Keep the newest `keep_last` checkpoints up to `latest` (a newer one, left behind by a fallback
-    from a damaged checkpoint, is replaced when training reaches its step again), and the one with
-    the lowest recorded validation loss: a run that diverges keeps its best weights."""
-    newest = step_of(latest)
-    tags = sorted((folder / t for t in tags_by_step(folder) if step_of(t) <= newest), key=lambda p: step_of(p.name))
-    scored = [(loss, path) for path in tags if (loss := recorded_val_loss(path)) is not None]
-    best = min(scored, key=lambda s: s[0])[1] if scored else None
-    for old in tags[:-keep_last] if keep_last > 0 else []:
-        if old != best:
-            shutil.rmtree(old, ignore_errors=True)
 
 
 def _rng_state() -> dict:

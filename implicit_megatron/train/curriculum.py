@@ -13,9 +13,10 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from implicit_megatron.checkpoints.integrity import check_tag, newest_complete
+from implicit_megatron.checkpoints.layout import DamagedCheckpoint, read_latest, step_of
 from implicit_megatron.config import Config, PhaseConfig, load_config, phase_bounds
-from implicit_megatron.train.errors import RunRefused
-from implicit_megatron.train.integrity import DamagedCheckpoint, check_tag, newest_complete, read_latest, step_of
+from implicit_megatron.errors import RunRefused
 from implicit_megatron.utils.typed_yaml import ConfigError, apply_overrides, read_yaml_chain
 
 Bounds = list[tuple[PhaseConfig, int, int]]
@@ -135,7 +136,7 @@ def phase_configs(config: str, overrides: list[str], world_size: int | None = No
 
 def plan(config: str, overrides: list[str]) -> list[tuple[str, ...]]:
     """Every phase, its config checked as its own launch will load it, before any of them starts."""
-    from implicit_megatron.train.handoff import read_client_state
+    from implicit_megatron.checkpoints.layout import read_client_state
 
     rows = []
     for cfg in phase_configs(config, overrides):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from implicit_megatron.train.integrity import step_of, tags_by_step
+from implicit_megatron.checkpoints.layout import step_of, tags_by_step
 
 RISE_FACTOR = 1.1  # a loss this many times its running minimum has clearly risen
 RISEN_INTERVALS = 2  # log intervals in a row before the warning

@@ -23,26 +23,27 @@ import yaml
 
 from data_pipeline.tokenizer import load_tokenizer
 from implicit_megatron.builder import build_model
+from implicit_megatron.checkpoints import layout, safe_load, universal
 from implicit_megatron.config import Config, PhaseConfig, phase_bounds
+from implicit_megatron.errors import RunRefused
 from implicit_megatron.models.lm import seq_idx_from_eod
 from implicit_megatron.models.loss import IGNORE_INDEX
-from implicit_megatron.train import checkpoint, handoff, safe_load, stopping
-from implicit_megatron.train.catbabi_task import group_hits
-from implicit_megatron.train.curriculum import recorded_bounds, run_bounds, trained_bounds
-from implicit_megatron.train.engine import build_engine, init_distributed
-from implicit_megatron.train.errors import RunRefused
-from implicit_megatron.train.flops import peak_flops_per_device, step_flops
-from implicit_megatron.train.guards import DivergenceWatch
-from implicit_megatron.train.schedule import learning_rate
-from implicit_megatron.train.step_metrics import IntervalMetrics, read_on_host, reduce_over_ranks, step_flags
-from implicit_megatron.train.tasks import build_task
-from implicit_megatron.train.tracking import (
+from implicit_megatron.tracking import (
     Tracker,
     append_metrics,
     drop_metrics_after,
     read_metrics,
     validation_text,
 )
+from implicit_megatron.train import checkpoint, handoff, stopping
+from implicit_megatron.train.catbabi_task import group_hits
+from implicit_megatron.train.curriculum import recorded_bounds, run_bounds, trained_bounds
+from implicit_megatron.train.engine import build_engine, init_distributed
+from implicit_megatron.train.flops import peak_flops_per_device, step_flops
+from implicit_megatron.train.guards import DivergenceWatch
+from implicit_megatron.train.schedule import learning_rate
+from implicit_megatron.train.step_metrics import IntervalMetrics, read_on_host, reduce_over_ranks, step_flags
+from implicit_megatron.train.tasks import build_task
 
 NAN_LOSS_AT_STEP = "IMPLICIT_MEGATRON_NAN_LOSS_AT_STEP"  # a step (1-based) whose loss is made NaN
 LOSS_JUMP_AT_STEP = "IMPLICIT_MEGATRON_LOSS_JUMP_AT_STEP"  # a step whose reported loss is made 1000x
@@ -108,7 +109,7 @@ class Trainer:
         self.stop_agreed = False  # some rank was, as of the last step: every rank stops after it
         self.last_eval: dict[str, float] = {}
         self.last_eval_step: int | None = None
-        self.divergence = DivergenceWatch(cfg.model.vocab_size, checkpoint.checkpoint_dir(cfg))
+        self.divergence = DivergenceWatch(cfg.model.vocab_size, layout.checkpoint_dir(cfg))
         self.peak_flops = peak_flops_per_device(cfg)
         self.nan_loss_at_step = int(os.environ.get(NAN_LOSS_AT_STEP, "0"))
         self.loss_jump_at_step = int(os.environ.get(LOSS_JUMP_AT_STEP, "0"))
@@ -127,7 +128,7 @@ class Trainer:
         """
         chosen = [None, None]  # rank 0 reads the checkpoint files once; every rank starts from its choice
         if self.rank == 0:
-            checkpoint.remove_partial(self.cfg, self.log)
+            layout.remove_partial(self.cfg, self.log)
             try:
                 chosen[0] = handoff.resume_tag(self.cfg, self.log)
             except (handoff.DamagedCheckpoint, OSError) as err:
@@ -142,7 +143,7 @@ class Trainer:
         error = None
         if source.how == "universal" and self.rank == 0:
             try:
-                handoff.to_universal(source.path, log=self.log)
+                universal.to_universal(source.path, log=self.log)
             except (RuntimeError, OSError) as err:
                 error = str(err)
         shared = [error]
@@ -436,8 +437,8 @@ class Trainer:
         self.log(f"step {p.step}: non-finite loss ({p.nonfinite_steps} in a row); its update is skipped")
         self.tracker.log({"train/nonfinite_steps": p.nonfinite_steps}, p.step)
         if p.nonfinite_steps >= t.max_nonfinite_in_row:
-            tag = handoff.read_latest(checkpoint.checkpoint_dir(self.cfg))
-            last = (f"the last checkpoint before them, {checkpoint.checkpoint_dir(self.cfg) / tag}, is intact"
+            tag = layout.read_latest(layout.checkpoint_dir(self.cfg))
+            last = (f"the last checkpoint before them, {layout.checkpoint_dir(self.cfg) / tag}, is intact"
                     if tag else "there is no checkpoint of this run yet")
             raise RuntimeError(f"{p.nonfinite_steps} non-finite losses in a row (train.max_nonfinite_in_row); "
                                f"{last}")
@@ -447,7 +448,7 @@ class Trainer:
         measure = f": {validation_text(self.last_eval)}" if "val/loss" in self.last_eval else ""
         skipped = (f"; {p.skipped_steps} steps skipped with non-finite losses (their updates not applied)"
                    if p.skipped_steps else "")
-        self.log(f"done at step {p.step}{measure}{skipped}; checkpoints in {checkpoint.checkpoint_dir(self.cfg)}")
+        self.log(f"done at step {p.step}{measure}{skipped}; checkpoints in {layout.checkpoint_dir(self.cfg)}")
 
     def report(self, metrics: dict[str, float]) -> None:
         if not metrics:

@@ -19,8 +19,8 @@ import torch
 
 from data_pipeline.packed import DistributedBatchIterator
 from implicit_megatron.config import Config
+from implicit_megatron.errors import RunRefused
 from implicit_megatron.models.loss import IGNORE_INDEX
-from implicit_megatron.train.errors import RunRefused
 
 PAD = -1  # a validation row that only keeps the ranks' forwards in step
 FINGERPRINT_SAMPLES = 64

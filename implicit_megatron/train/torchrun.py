@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 import sys
 
-from implicit_megatron.train.errors import REFUSED
+from implicit_megatron.errors import REFUSED
 
 
 def main(argv: list[str] | None = None) -> int:

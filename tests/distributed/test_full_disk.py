@@ -32,7 +32,7 @@ def test_a_save_into_a_full_filesystem_fails_by_name_and_keeps_latest(shakespear
     train = [sys.executable, "-m", "implicit_megatron.train", TINY, f"data.prefixes=[{shakespeare_shards}]",
              "data.source=null", f"train.output_dir={out}", "train.steps=12", "checkpoint.interval=6",
              "train.eval_interval=100", "tracking.enabled=false", "distributed.zero_stage=0"]
-    inspect = (f"{sys.executable} -c \"from pathlib import Path; from implicit_megatron.train.integrity import "
+    inspect = (f"{sys.executable} -c \"from pathlib import Path; from implicit_megatron.checkpoints.integrity import "
                f"check_tag; f = Path('{out}/checkpoints'); tag = (f / 'latest').read_text().strip(); "
                f"check_tag(f / tag); print('LATEST', tag, sorted(p.name for p in f.iterdir()))\"")
     # room for one checkpoint, not for two: the save at the phase's end (step 10) runs out of space

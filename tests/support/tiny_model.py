@@ -75,7 +75,7 @@ def train_tiny(out: Path, shards: str) -> TinyRun:
 
 def write_checkpoint(folder: Path, model, cfg) -> None:
     """checkpoints/TAG/mp_rank_00_model_states.pt with the module and our client state, and `latest`."""
-    from implicit_megatron.train.handoff import LATEST, MODEL_STATES
+    from implicit_megatron.checkpoints.layout import LATEST, MODEL_STATES
 
     (folder / TAG).mkdir(parents=True, exist_ok=True)
     torch.save({"module": model.state_dict(), "config": cfg.to_dict(), "dp_world_size": 1, "step": STEPS,

@@ -12,9 +12,10 @@ import torch
 
 from implicit_megatron import build_model, load_config
 from implicit_megatron.builder import remove_weight_norm
+from implicit_megatron.checkpoints.layout import DamagedCheckpoint
+from implicit_megatron.checkpoints.weights import load_weights
 from implicit_megatron.train.curriculum import plan, recorded_bounds, run_bounds
-from implicit_megatron.train.handoff import find_source, load_weights, resume_tag
-from implicit_megatron.train.integrity import DamagedCheckpoint
+from implicit_megatron.train.handoff import find_source, resume_tag
 from implicit_megatron.utils.typed_yaml import ConfigError
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -218,7 +219,7 @@ def test_raised_steps_are_accepted_only_when_the_seen_order_holds():
 
 
 def test_an_interrupted_save_is_said_removed_only_when_it_was(tmp_path, monkeypatch):
-    from implicit_megatron.train import checkpoint
+    from implicit_megatron.checkpoints import layout
 
     cfg = load_config(TINY, [f"train.output_dir={tmp_path}"])
     leftover = tmp_path / "checkpoints" / ".partial-free-step12"
@@ -228,11 +229,11 @@ def test_an_interrupted_save_is_said_removed_only_when_it_was(tmp_path, monkeypa
     def refuse(path, *args, **kwargs):
         raise PermissionError(13, "Permission denied", str(path))
 
-    monkeypatch.setattr(checkpoint.shutil, "rmtree", refuse)
-    checkpoint.remove_partial(cfg, said.append)
+    monkeypatch.setattr(layout.shutil, "rmtree", refuse)
+    layout.remove_partial(cfg, said.append)
     assert said == [f"warning: could not remove {leftover}, a checkpoint whose save was interrupted ([Errno 13] "
                     f"Permission denied: '{leftover}'); it is never loaded"]
     monkeypatch.undo()
     said.clear()
-    checkpoint.remove_partial(cfg, said.append)
+    layout.remove_partial(cfg, said.append)
     assert said == [f"removed {leftover}, a checkpoint whose save was interrupted"] and not leftover.exists()

@@ -9,13 +9,8 @@ import pytest
 import torch
 
 from implicit_megatron import load_config
-from implicit_megatron.train.integrity import (
-    DamagedCheckpoint,
-    check_tag,
-    fallback_hint,
-    newest_complete,
-    read_latest,
-)
+from implicit_megatron.checkpoints.integrity import check_tag, fallback_hint, newest_complete
+from implicit_megatron.checkpoints.layout import DamagedCheckpoint, read_latest
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -84,7 +79,8 @@ def test_a_latest_with_stray_bytes_is_refused_by_name(tmp_path):
 
 
 def test_the_manifest_names_a_truncated_changed_swapped_or_unlisted_file(tmp_path):
-    from implicit_megatron.train.integrity import MANIFEST, write_manifest
+    from implicit_megatron.checkpoints.integrity import write_manifest
+    from implicit_megatron.checkpoints.layout import MANIFEST
 
     tag = write_tag(tmp_path, "bounded-step4")
     write_manifest(tag)

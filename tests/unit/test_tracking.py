@@ -8,9 +8,8 @@ import sqlite3
 import pytest
 from support.processes import ROOT
 
-from implicit_megatron import load_config
-from implicit_megatron.train import tracking
-from implicit_megatron.train.tracking import STORE, Tracker
+from implicit_megatron import load_config, tracking
+from implicit_megatron.tracking import STORE, Tracker
 
 
 def config(out):

@@ -13,48 +13,21 @@ checkpoint, and bytes changed on disk, before any of it is loaded. Tags are orde
 from __future__ import annotations
 
 import json
-import re
 import zipfile
 import zlib
 from pathlib import Path
 
-from implicit_megatron.train import safe_load
+from implicit_megatron.checkpoints import safe_load
+from implicit_megatron.checkpoints.layout import (
+    MANIFEST,
+    MODEL_STATES,
+    ZERO3_MODEL_STATES,
+    DamagedCheckpoint,
+    step_of,
+    tags_by_step,
+)
 
-LATEST = "latest"
-MODEL_STATES = "mp_rank_00_model_states.pt"  # ZeRO 0-2; ZeRO-3 writes one per rank:
-ZERO3_MODEL_STATES = "zero_pp_rank_0_mp_rank_00_model_states.pt"
-MANIFEST = "manifest.json"  # every file of a tag: size and CRC-32
 CHUNK = 1 << 24
-
-
-class DamagedCheckpoint(ValueError):
-    """A checkpoint file that is missing, cut short or changed; names the file and the problem."""
-
-    def __init__(self, file: Path, problem: str) -> None:
-        tag = next((p.name for p in (file, *file.parents) if step_of(p.name) is not None), None)
-        whose = f"; the checkpoint {tag} is incomplete or corrupt" if tag else ""  # `latest` belongs to no tag
-        super().__init__(f"{file}: {problem}{whose}")
-        self.file, self.problem = file, problem
-
-
-def step_of(tag: str) -> int | None:
-    match = re.search(r"(?:^|-)step(\d+)$", tag)
-    return int(match.group(1)) if match else None
-
-
-def read_latest(folder: Path) -> str | None:
-    """The tag `latest` names; None when there is no `latest`. A `latest` that is not one line of a
-    tag name (stray bytes, an empty file) is refused by name."""
-    path = folder / LATEST
-    if not path.is_file():
-        return None
-    try:
-        tag = path.read_bytes().decode("utf-8").strip()
-    except UnicodeDecodeError:
-        tag = ""
-    if not tag or step_of(tag) is None or "/" in tag or "\n" in tag:
-        raise DamagedCheckpoint(path, "does not hold a checkpoint tag name")
-    return tag
 
 
 def check_file(path: Path, crc: bool = True) -> None:
@@ -168,14 +141,6 @@ def unvouched_universal(tag_dir: Path, universal: Path) -> str | None:
     return None
 
 
-def recorded_val_loss(tag_dir: Path) -> float | None:
-    """The validation loss a tag's manifest records (None: none, or no readable manifest)."""
-    try:
-        return json.loads((tag_dir / MANIFEST).read_text()).get("val_loss")
-    except (OSError, ValueError, AttributeError):
-        return None
-
-
 def check_manifest(tag_dir: Path, crc: bool) -> dict:
     """Every file the manifest lists is there with its size and digest, and with `crc` its data
     matches (a full read): a partly copied, swapped, truncated or changed file is named. Returns
@@ -214,13 +179,6 @@ def check_tag(tag_dir: Path, crc: bool = True) -> None:
             raise DamagedCheckpoint(path, "is not in the checkpoint's manifest")
         if crc:  # the full check, made before anything is loaded
             safe_load.verify(path)
-
-
-def tags_by_step(folder: Path) -> list[str]:
-    """The tag folders of a checkpoints folder, newest step first."""
-    tags = [p.name for p in folder.iterdir() if p.is_dir() and not p.name.startswith(".")
-            and step_of(p.name) is not None] if folder.is_dir() else []
-    return sorted(tags, key=lambda t: step_of(t), reverse=True)
 
 
 def newest_complete(folder: Path, before: int | None = None,

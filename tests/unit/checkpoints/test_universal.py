@@ -9,8 +9,9 @@ from pathlib import Path
 
 import torch
 
-from implicit_megatron.train import handoff
-from implicit_megatron.train.integrity import MANIFEST, MODEL_STATES, record_universal, write_manifest
+from implicit_megatron.checkpoints import universal as conversion
+from implicit_megatron.checkpoints.integrity import record_universal, write_manifest
+from implicit_megatron.checkpoints.layout import MANIFEST, MODEL_STATES
 
 
 class WritesMarker:
@@ -28,7 +29,7 @@ def tag_with_universal(tmp_path: Path, payload) -> tuple[Path, Path]:
     tag.mkdir(parents=True)
     torch.save({"module": {"w": torch.ones(2)}}, tag / MODEL_STATES)
     write_manifest(tag)
-    universal = tag / handoff.UNIVERSAL
+    universal = tag / conversion.UNIVERSAL
     (universal / "zero" / "w").mkdir(parents=True)
     torch.save(payload, universal / "zero" / "w" / "fp32.pt")
     torch.save({"step": 8}, universal / MODEL_STATES)
@@ -43,13 +44,13 @@ def our_conversion(path: Path, out: Path, workers: int) -> None:
 
 def test_a_crafted_universal_folder_is_converted_again_not_loaded(tmp_path, monkeypatch):
     marker = tmp_path / "marker"
-    monkeypatch.setattr(handoff, "_convert", our_conversion)
+    monkeypatch.setattr(conversion, "_convert", our_conversion)
     for forged in (False, True):  # not in the manifest; listed in it by whoever planted it
         tag, universal = tag_with_universal(tmp_path / str(forged), {"param": WritesMarker(marker)})
         if forged:
             record_universal(tag, universal)
         said = []
-        assert handoff.to_universal(tag, log=said.append) == universal
+        assert conversion.to_universal(tag, log=said.append) == universal
         assert not marker.exists()
         assert torch.equal(torch.load(universal / "zero" / "w" / "fp32.pt", weights_only=True)["param"],
                            torch.ones(2))  # our conversion replaced it
@@ -63,20 +64,20 @@ def test_a_crafted_universal_folder_is_converted_again_not_loaded(tmp_path, monk
 
 
 def test_a_vouched_conversion_is_reused(tmp_path, monkeypatch):
-    monkeypatch.setattr(handoff, "_convert", our_conversion)
+    monkeypatch.setattr(conversion, "_convert", our_conversion)
     tag = tmp_path / "bounded-step8"
     tag.mkdir()
     torch.save({"module": {}}, tag / MODEL_STATES)
     write_manifest(tag)
-    universal = handoff.to_universal(tag)
+    universal = conversion.to_universal(tag)
 
     def refuse(*args):
         raise AssertionError("converted again")
 
-    monkeypatch.setattr(handoff, "_convert", refuse)
-    assert handoff.to_universal(tag, log=refuse) == universal
+    monkeypatch.setattr(conversion, "_convert", refuse)
+    assert conversion.to_universal(tag, log=refuse) == universal
     torch.save({"param": torch.zeros(2)}, universal / "zero" / "w" / "fp32.pt")  # changed after conversion
-    monkeypatch.setattr(handoff, "_convert", our_conversion)
+    monkeypatch.setattr(conversion, "_convert", our_conversion)
     said = []
-    handoff.to_universal(tag, log=said.append)
+    conversion.to_universal(tag, log=said.append)
     assert len(said) == 1 and "zero/w/fp32.pt changed since its conversion" in said[0]

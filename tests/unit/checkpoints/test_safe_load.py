@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from implicit_megatron.train import safe_load
-from implicit_megatron.train.integrity import MODEL_STATES, check_tag
+from implicit_megatron.checkpoints import safe_load
+from implicit_megatron.checkpoints.integrity import check_tag
+from implicit_megatron.checkpoints.layout import MODEL_STATES
 
 ROOT = Path(__file__).resolve().parents[3]
 

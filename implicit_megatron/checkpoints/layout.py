@@ -1,0 +1,160 @@
+"""Where a run's checkpoints live and what their files are called, read without DeepSpeed.
+
+    {output_dir}/checkpoints/latest                one line: the newest complete tag
+    {output_dir}/checkpoints/{phase}-step{N}/      a tag: DeepSpeed's files, rng_rank{r}.pt, manifest.json
+    {output_dir}/checkpoints/{tag}/universal/      its universal conversion (checkpoints.universal)
+    {output_dir}/checkpoints/.partial-{tag}/       a tag being written (renamed when every rank is done)
+
+A tag is written as `.partial-{tag}` and renamed once every rank has finished; `latest` is replaced
+(write, fsync, rename) after that, so a kill during a save leaves `latest` on the previous complete
+tag. Every tag's model-states file carries the run's client state (config, step, data position).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+from implicit_megatron.checkpoints import safe_load
+from implicit_megatron.config import Config
+
+LATEST = "latest"
+MODEL_STATES = "mp_rank_00_model_states.pt"  # ZeRO 0-2; ZeRO-3 writes one per rank:
+ZERO3_MODEL_STATES = "zero_pp_rank_0_mp_rank_00_model_states.pt"
+MANIFEST = "manifest.json"  # every file of a tag: size and CRC-32 (checkpoints.integrity)
+UNIVERSAL = "universal"  # the sub-folder of a tag that holds its universal conversion
+UNIVERSAL_INFO = "universal_checkpoint_info"  # a client-state key DeepSpeed's conversion looks for
+PARTIAL = ".partial-"  # a tag is written under this prefix and renamed when every rank has finished
+PRETRAINED_WEIGHTS = "model.safetensors"  # a folder written by tools/convert_checkpoint.py export/import
+
+
+class DamagedCheckpoint(ValueError):
+    """A checkpoint file that is missing, cut short or changed; names the file and the problem."""
+
+    def __init__(self, file: Path, problem: str) -> None:
+        tag = next((p.name for p in (file, *file.parents) if step_of(p.name) is not None), None)
+        whose = f"; the checkpoint {tag} is incomplete or corrupt" if tag else ""  # `latest` belongs to no tag
+        super().__init__(f"{file}: {problem}{whose}")
+        self.file, self.problem = file, problem
+
+
+def step_of(tag: str) -> int | None:
+    match = re.search(r"(?:^|-)step(\d+)$", tag)
+    return int(match.group(1)) if match else None
+
+
+def phase_of(tag: str) -> str | None:
+    match = re.match(r"(.+)-step\d+$", tag)
+    return match.group(1) if match else None
+
+
+def checkpoint_dir(cfg: Config) -> Path:
+    return Path(cfg.output_dir) / "checkpoints"
+
+
+def read_latest(folder: Path) -> str | None:
+    """The tag `latest` names; None when there is no `latest`. A `latest` that is not one line of a
+    tag name (stray bytes, an empty file) is refused by name."""
+    path = folder / LATEST
+    if not path.is_file():
+        return None
+    try:
+        tag = path.read_bytes().decode("utf-8").strip()
+    except UnicodeDecodeError:
+        tag = ""
+    if not tag or step_of(tag) is None or "/" in tag or "\n" in tag:
+        raise DamagedCheckpoint(path, "does not hold a checkpoint tag name")
+    return tag
+
+
+def write_latest(folder: Path, tag: str) -> None:
+    """Point `latest` at `tag` atomically (write, fsync, rename)."""
+    tmp = folder / f".{LATEST}.tmp"
+    with open(tmp, "w") as handle:
+        handle.write(tag + "\n")
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(tmp, folder / LATEST)
+
+
+def tags_by_step(folder: Path) -> list[str]:
+    """The tag folders of a checkpoints folder, newest step first."""
+    tags = [p.name for p in folder.iterdir() if p.is_dir() and not p.name.startswith(".")
+            and step_of(p.name) is not None] if folder.is_dir() else []
+    return sorted(tags, key=lambda t: step_of(t), reverse=True)
+
+
+@dataclass(frozen=True)
+class Layout:
+    world_size: int
+    zero_stage: int
+    precision: str
+
+    @property
+    def plain_optimizer(self) -> bool:
+        """ZeRO-0 without bf16 keeps torch's optimizer state whole, the same at every world size."""
+        return self.zero_stage == 0 and self.precision != "bf16"
+
+
+def model_states_file(path: Path) -> Path:
+    """The file with a checkpoint tag's client state (our config, step, data position)."""
+    for name in (MODEL_STATES, ZERO3_MODEL_STATES):
+        if (path / name).is_file():
+            return path / name
+    raise FileNotFoundError(f"{path}: not a complete checkpoint (neither {MODEL_STATES} nor {ZERO3_MODEL_STATES})")
+
+
+def read_client_state(path: Path) -> dict:
+    """A tag's client state, memory-mapped: no tensor is read until used."""
+    states = model_states_file(path)
+    saved = safe_load.load(states, map_location="cpu", mmap=True)
+    if "config" not in saved:
+        raise ValueError(f"{states}: no run config in this checkpoint; was it written by implicit_megatron.train?")
+    return saved
+
+
+def saved_layout(path: Path) -> Layout:
+    """The layout a checkpoint tag was written with."""
+    saved = read_client_state(path)
+    d = saved["config"]["distributed"]
+    return Layout(int(saved.get("dp_world_size", 1)), int(d["zero_stage"]), d["precision"])
+
+
+def recorded_val_loss(tag_dir: Path) -> float | None:
+    """The validation loss a tag's manifest records (None: none, or no readable manifest)."""
+    try:
+        return json.loads((tag_dir / MANIFEST).read_text()).get("val_loss")
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def prune(folder: Path, keep_last: int, latest: str) -> None:
+    """Keep the newest `keep_last` checkpoints up to `latest` (a newer one, left behind by a fallback
+    from a damaged checkpoint, is replaced when training reaches its step again), and the one with
+    the lowest recorded validation loss: a run that diverges keeps its best weights."""
+    newest = step_of(latest)
+    tags = sorted((folder / t for t in tags_by_step(folder) if step_of(t) <= newest), key=lambda p: step_of(p.name))
+    scored = [(loss, path) for path in tags if (loss := recorded_val_loss(path)) is not None]
+    best = min(scored, key=lambda s: s[0])[1] if scored else None
+    for old in tags[:-keep_last] if keep_last > 0 else []:
+        if old != best:
+            shutil.rmtree(old, ignore_errors=True)
+
+
+def remove_partial(cfg: Config, log) -> None:
+    """Remove the partial tag folders a kill during a save left (rank 0, before anything starts)."""
+    folder = checkpoint_dir(cfg)
+    for leftover in sorted(folder.glob(PARTIAL + "*")) if folder.is_dir() else []:
+        try:
+            shutil.rmtree(leftover)
+        except OSError as err:
+            log(f"warning: could not remove {leftover}, a checkpoint whose save was interrupted ({err}); "
+                "it is never loaded")
+        else:
+            log(f"removed {leftover}, a checkpoint whose save was interrupted")
+
+

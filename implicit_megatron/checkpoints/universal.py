@@ -1,0 +1,130 @@
+"""A checkpoint tag converted to DeepSpeed's universal format, which loads at any world size and
+ZeRO stage (deepspeed.checkpoint.ds_to_universal), written once into `<tag>/universal`.
+
+DeepSpeed loads a universal checkpoint with the full unpickler, so only a conversion of our own is
+ever used: every file it writes is first loaded with the weights-only unpickler and then recorded,
+file by file, in the tag's manifest; a `universal/` the manifest does not vouch for is converted
+again.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+from implicit_megatron.checkpoints import safe_load
+from implicit_megatron.checkpoints.integrity import record_universal, unvouched_universal
+from implicit_megatron.checkpoints.layout import (
+    LATEST,
+    MODEL_STATES,
+    UNIVERSAL,
+    ZERO3_MODEL_STATES,
+    read_latest,
+    saved_layout,
+)
+from implicit_megatron.errors import RunRefused
+
+
+def to_universal(path: Path, workers: int = 2, log=None) -> Path:
+    """Convert one checkpoint tag to a universal checkpoint in `<tag>/universal` (once; reused after).
+
+    DeepSpeed loads a universal checkpoint with the full unpickler, so only a conversion of our own
+    is ever loaded: one the tag's manifest records, file by file, after every file loaded with the
+    weights-only unpickler. A `universal/` the manifest does not vouch for (copied in, changed, or
+    holding a pickle that would run code) is removed and converted again, with a log line. The
+    conversion runs in a process of its own (it starts worker pools) into a temporary folder that
+    is renamed when complete, so an interrupted conversion is redone, never half-used.
+    """
+    out = path / UNIVERSAL
+    if out.exists():
+        problem = unvouched_universal(path, out)
+        if problem is None:
+            return out
+        (log or print)(f"{out}: not used: {problem}; converting the checkpoint again")
+        shutil.rmtree(out)
+    tmp = path / f".{UNIVERSAL}.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    _convert(path, tmp, workers)
+    for file in sorted(p for p in tmp.rglob("*") if p.is_file()):
+        problem = safe_load.weights_only_problem(file)
+        if problem:
+            raise RuntimeError(f"{file}: the universal conversion wrote a file that does not load weights-only "
+                               f"({problem}); it is not used")
+    os.replace(tmp, out)
+    record_universal(path, out)
+    return out
+
+
+def _convert(path: Path, out: Path, workers: int) -> None:
+    """deepspeed.checkpoint.ds_to_universal from `path` into `out`, made loadable by every stage."""
+    cmd = [sys.executable, "-m", "deepspeed.checkpoint.ds_to_universal", "--input_folder", str(path),
+           "--output_folder", str(out), "--inject_missing_state", "--num_extract_workers", str(workers),
+           "--num_merge_workers", str(max(1, workers // 2))]
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}  # a CPU-only job; it must not claim a GPU
+    for key in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(key, None)
+    result = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    if result.returncode != 0:
+        raise RuntimeError(f"{path}: conversion to a universal checkpoint failed:\n{result.stdout[-3000:]}"
+                           f"{result.stderr[-3000:]}")
+    # The weights and optimizer state are in zero/; the model-states file only carries the client
+    # state, and DeepSpeed looks for it under the name the *loading* ZeRO stage writes.
+    for have, want in ((MODEL_STATES, ZERO3_MODEL_STATES), (ZERO3_MODEL_STATES, MODEL_STATES)):
+        if (out / have).is_file() and not (out / want).exists():
+            shutil.copy(out / have, out / want)
+    _readable_by_every_stage(out)
+
+
+def universal_of(ckpt_dir: str | Path, tag: str | None = None, workers: int = 4) -> Path:
+    """`to_universal` for a checkpoints/ folder and a tag (default: latest), with clear errors."""
+    folder = Path(ckpt_dir)
+    tag = tag or read_latest(folder)
+    if tag is None:
+        raise FileNotFoundError(f"{folder}: not a checkpoint folder (no '{LATEST}' file); name a tag with --tag")
+    layout = saved_layout(folder / tag)
+    if layout.plain_optimizer:
+        raise RunRefused(f"{folder / tag}: saved under ZeRO-0 in {layout.precision}; its optimizer state is whole "
+                         "and loads at any world size as it is: there is nothing to convert")
+    return to_universal(folder / tag, workers)
+
+
+def _readable_by_every_stage(universal: Path) -> None:
+    """Make a conversion load under every ZeRO stage.
+
+    DeepSpeed writes a universal checkpoint in a ZeRO-1/2 or a ZeRO-3 form, and each stage's
+    loader reads its own form only: the optimizer's global state (zero/optimizer_state.pt) under
+    other keys, and per parameter a {"param": full-shaped tensor} dict plus step.pt (ZeRO-1/2)
+    or a bare flat tensor (ZeRO-3). Write the ZeRO-1/2 form, which both loaders read, and add the
+    ZeRO-3 keys of the global state.
+    """
+    import deepspeed
+
+    zero = universal / "zero"
+    path = zero / "optimizer_state.pt"
+    sd = safe_load.load(path)
+    if "optimizer_state_dict" in sd:  # written from ZeRO-3
+        step = sd["optimizer_state_dict"]["state"][0]["step"]
+        shapes = {}
+        for group in safe_load.load(universal / ZERO3_MODEL_STATES, map_location="cpu")["param_shapes"]:
+            shapes.update(group)
+        for name, shape in shapes.items():
+            for key in ("fp32", "exp_avg", "exp_avg_sq"):
+                tensor = safe_load.load(zero / name / f"{key}.pt")
+                if not isinstance(tensor, dict):
+                    torch.save({"param": tensor.view(shape)}, zero / name / f"{key}.pt")
+            if not (zero / name / "step.pt").exists():
+                torch.save(step, zero / name / "step.pt")
+    else:  # written from ZeRO-1/2: the ZeRO-3 loader reads the step from here
+        step_file = next(zero.glob("*/step.pt"), None)
+        step = safe_load.load(step_file) if step_file else 0
+        sd["optimizer_state_dict"] = {"state": {0: {"step": step}}, "param_groups": sd["param_groups"]}
+    sd.setdefault("param_groups", sd["optimizer_state_dict"]["param_groups"])
+    sd.setdefault("ds_version", deepspeed.__version__)
+    torch.save(sd, path)
+
+
