@@ -14,8 +14,9 @@ os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 
 
 def load_config(path, overrides=(), **kwargs):
-    """Read, override and validate a run config (see implicit_megatron.config.load_config)."""
-    from implicit_megatron.config import load_config as _load
+    """Read, override and check a run config as a launch does (implicit_megatron.prelaunch.load_config:
+    the config's own rules, the tokenizer with check_files, every data shard with check_data)."""
+    from implicit_megatron.prelaunch import load_config as _load
 
     return _load(path, overrides, **kwargs)
 

@@ -284,6 +284,7 @@ class Config:
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     source: str = field(default="", repr=False, compare=False)  # the file it was loaded from
+    sources: dict = field(default_factory=dict, repr=False, compare=False)  # which file set each key
 
     @property
     def output_dir(self) -> str:
@@ -292,23 +293,40 @@ class Config:
     def to_dict(self) -> dict:
         data = to_dict(self)
         data.pop("source")
+        data.pop("sources")
         return data
 
 
 # --------------------------------------------------------------------------- loading
 
 
-def load_config(path: str | os.PathLike, overrides: list[str] | tuple[str, ...] = (),
-                world_size: int | None = None, check_files: bool = True, check_data: bool = False) -> Config:
-    """Read CONFIG (and its `base:` chain), apply overrides, build and validate the config;
-    `check_data` (the pre-launch check, and each rank) also checks every data shard."""
+def read_config(path: str | os.PathLike, overrides: list[str] | tuple[str, ...] = (),
+                world_size: int | None = None) -> Config:
+    """Read CONFIG (and its `base:` chain), apply overrides, build the config and check its own
+    rules (types, ranges, batch sizes for `world_size`, the curriculum), raising ConfigError naming
+    the file and key at fault. What needs files, data or a task is implicit_megatron.prelaunch's
+    (`implicit_megatron.load_config` runs both)."""
+    from implicit_megatron.config_checks import validate
+
     data, sources = read_yaml_chain(path)
     data, sources = apply_overrides(data, sources, list(overrides))
     cfg = build_dataclass(Config, data, sources)
-    cfg.source = str(path)
+    cfg.source, cfg.sources = str(path), sources
     _apply_run_phase(cfg, sources)
-    validate(cfg, sources, world_size=world_size, check_files=check_files, check_data=check_data)
+    validate(cfg, blame(cfg), world_size)
     return cfg
+
+
+def blame(cfg: Config):
+    """`fail(key, message, *also)`: raise a ConfigError naming the file (or the command line) that set
+    `key`; a check over several keys (`also`) blames the command line when it set one of them."""
+
+    def fail(key: str, message: str, *also: str) -> None:
+        where = [source_of(cfg.sources, k) for k in (key, *also)]
+        source = COMMAND_LINE if COMMAND_LINE in where else where[0]
+        raise ConfigError(source or cfg.source or "defaults", key, message)
+
+    return fail
 
 
 def _apply_run_phase(cfg: Config, sources: dict[str, str]) -> None:
@@ -322,117 +340,6 @@ def _apply_run_phase(cfg: Config, sources: dict[str, str]) -> None:
         if phase.micro_batch_size is not None:
             cfg.train.micro_batch_size = phase.micro_batch_size
             sources["train.micro_batch_size"] = source_of(sources, f"curriculum.phases[{i}].micro_batch_size") or ""
-
-
-def validate(cfg: Config, sources: dict[str, str] | None = None, world_size: int | None = None,
-             check_files: bool = True, check_data: bool = False) -> None:
-    """Cross-field checks; raise ConfigError naming the file and key at fault."""
-    from implicit_megatron import config_checks as checks  # it reads these types
-
-    sources = sources or {}
-
-    def fail(key: str, message: str, *also: str) -> None:
-        """Names `key`'s source; a check over several keys (`also`) blames the command line when it set one."""
-        where = [source_of(sources, k) for k in (key, *also)]
-        source = COMMAND_LINE if COMMAND_LINE in where else where[0]
-        raise ConfigError(source or cfg.source or "defaults", key, message)
-
-    def positive(key: str, value: float) -> None:
-        if not value > 0 or value == math.inf:  # rejects NaN too
-            fail(key, f"expected a positive finite value, got {value}")
-
-    def non_negative(key: str, value: float) -> None:
-        if not 0 <= value < math.inf:
-            fail(key, f"expected a finite value >= 0, got {value}")
-
-    m = cfg.model
-    for key in ("d_model", "n_layers", "vocab_size", "pad_vocab_multiple"):
-        positive(f"model.{key}", getattr(m, key))
-    if not 0 <= m.embedding_dropout < 1:
-        fail("model.embedding_dropout", f"expected a probability in [0, 1), got {m.embedding_dropout}")
-    if m.arch == "mamba2":
-        s = m.mamba2
-        for key in ("d_state", "d_conv", "expand", "headdim", "ngroups", "chunk_size"):
-            positive(f"model.mamba2.{key}", getattr(s, key))
-        if m.d_inner % s.headdim:
-            fail("model.mamba2.headdim", f"expand*d_model = {m.d_inner} is not divisible by headdim {s.headdim}")
-        if (m.d_inner // s.headdim) % s.ngroups:
-            fail("model.mamba2.ngroups", f"nheads = {m.d_inner // s.headdim} is not divisible by ngroups")
-    else:
-        s = m.llama
-        positive("model.llama.n_heads", s.n_heads)
-        if m.d_model % s.n_heads or (m.d_model // s.n_heads) % 2:
-            fail("model.llama.n_heads", f"d_model {m.d_model} must split into n_heads {s.n_heads} heads "
-                                        "of even size (RoPE rotates pairs)")
-        if s.n_kv_heads is not None and (s.n_kv_heads <= 0 or s.n_heads % s.n_kv_heads):
-            fail("model.llama.n_kv_heads", f"must divide n_heads {s.n_heads}, got {s.n_kv_heads}")
-
-    im = cfg.implicit
-    positive("implicit.max_iter", im.max_iter)
-    positive("implicit.eval_factor", im.eval_factor)
-    if im.phantom_steps < 1:
-        fail("implicit.phantom_steps", f"expected at least 1, got {im.phantom_steps}")
-    if not 0 < im.damping <= 1:
-        fail("implicit.damping", f"expected 0 < damping <= 1, got {im.damping}")
-    if im.tol is not None:
-        positive("implicit.tol", im.tol)
-    if im.eval_tol is not None:
-        positive("implicit.eval_tol", im.eval_tol)
-    if im.anderson.enabled:
-        positive("implicit.anderson.window", im.anderson.window)
-        non_negative("implicit.anderson.regularization", im.anderson.regularization)
-        positive("implicit.anderson.mixing", im.anderson.mixing)
-
-    if im.cuda_graphs == "on":
-        if cfg.distributed.zero_stage == 3:
-            fail("implicit.cuda_graphs", "ZeRO-3 gathers parameters inside the forward, which a graph cannot "
-                                         "replay; use auto (eager under ZeRO-3) or ZeRO-1/2")
-        if cfg.distributed.activation_checkpointing:
-            fail("implicit.cuda_graphs", "activation checkpointing recomputes passes during backward; "
-                                         "use auto or turn distributed.activation_checkpointing off")
-    checks.validate_curriculum(cfg, fail, sources)
-
-    t = cfg.train
-    for key in ("steps", "global_batch_size", "micro_batch_size", "log_interval", "eval_interval"):
-        positive(f"train.{key}", getattr(t, key))
-    dp = world_size if world_size is not None else int(os.environ.get("WORLD_SIZE", "1"))
-    if t.global_batch_size % (t.micro_batch_size * dp):
-        fail("train.global_batch_size",
-             f"{t.global_batch_size} is not divisible by micro_batch_size x data-parallel size "
-             f"= {t.micro_batch_size} x {dp} = {t.micro_batch_size * dp}", "train.micro_batch_size")
-    if cfg.schedule.warmup_steps >= t.steps:
-        fail("schedule.warmup_steps", f"{cfg.schedule.warmup_steps} is not below train.steps {t.steps}",
-             "train.steps")
-    if not 0 <= cfg.schedule.cooldown_start <= 1:
-        fail("schedule.cooldown_start", f"expected a fraction in [0, 1], got {cfg.schedule.cooldown_start}")
-    positive("optimizer.lr", cfg.optimizer.lr)
-    non_negative("schedule.min_lr", cfg.schedule.min_lr)
-    non_negative("schedule.warmup_steps", cfg.schedule.warmup_steps)
-    non_negative("optimizer.weight_decay", cfg.optimizer.weight_decay)
-    non_negative("optimizer.grad_clip", cfg.optimizer.grad_clip)
-    non_negative("train.eval_samples", t.eval_samples)
-    positive("checkpoint.interval", cfg.checkpoint.interval)
-    non_negative("checkpoint.keep_last", cfg.checkpoint.keep_last)
-    if cfg.task.kind == "word_problem":
-        checks.validate_word_problem(cfg, fail)
-    elif cfg.task.kind == "catbabi":
-        checks.validate_catbabi(cfg, fail, check_files, check_data)
-    elif not cfg.data.prefixes and check_files:  # without file checks: a model's config (an import, a tool)
-        fail("data.prefixes", "name at least one shard prefix (the output prefix of data_pipeline.preprocess)")
-    if cfg.distributed.backend == "nccl" and check_files:
-        import torch
-
-        if not torch.cuda.is_available():
-            fail("distributed.backend", "nccl needs GPUs, and none is visible; use auto or gloo")
-    if cfg.schedule.min_lr > cfg.optimizer.lr:
-        fail("schedule.min_lr", f"{cfg.schedule.min_lr} exceeds the peak optimizer.lr {cfg.optimizer.lr}")
-    positive("data.seq_len", cfg.data.seq_len)
-    if cfg.data.weights is not None and len(cfg.data.weights) != len(cfg.data.prefixes):
-        fail("data.weights", f"{len(cfg.data.weights)} weights for {len(cfg.data.prefixes)} prefixes")
-    if check_files and cfg.task.kind == "language_model":
-        checks.validate_tokenizer(cfg, fail)
-    if check_data and cfg.task.kind == "language_model":
-        checks.validate_data(cfg, fail)
 
 
 # --------------------------------------------------------------------------- phases

@@ -1,37 +1,16 @@
-"""Cross-field checks of a config's task, curriculum and tokenizer (called by config.validate).
-
-Each takes the config and validate's `fail(key, message)`, which raises a ConfigError naming the
-file and key at fault.
+"""A config's own rules across fields: model shapes, the solver, the curriculum, batch sizes, the
+schedule (called by config.read_config). Nothing here opens a file or imports beyond `config`:
+checks that need files, data or a task are implicit_megatron.prelaunch's.
 """
 
 from __future__ import annotations
 
-from pathlib import Path
+import math
+import os
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from implicit_megatron.config import Config
-
-
-def validate_word_problem(cfg: Config, fail) -> None:
-    from data_pipeline.synthetic.algebra import get_algebra
-
-    w = cfg.task.word_problem
-    for key in ("p", "eval_p"):
-        value = getattr(w, key)
-        if value is not None and not 0 <= value <= 1:
-            fail(f"task.word_problem.{key}", f"expected a probability in [0, 1] or null, got {value}")
-    if w.eval_words < 1 or any(length < 1 for length in w.eval_lengths):
-        fail("task.word_problem.eval_words", "evaluation sets need at least one word of at least one element")
-    try:
-        size = get_algebra(w.algebra).size
-    except ValueError as err:
-        fail("task.word_problem.algebra", str(err))
-    if cfg.model.vocab_size != size:
-        fail("model.vocab_size", f"the {w.algebra} word problem has {size} elements (inputs and labels); "
-                                 f"set model.vocab_size={size}")
-    if cfg.model.separate_documents:
-        fail("model.separate_documents", "word problems have no documents to separate")
 
 
 PHASE_SOLVER_KEYS = ("max_iter", "tol", "phantom_steps")  # what every phase sets for itself
@@ -90,119 +69,88 @@ def validate_curriculum(cfg: Config, fail, sources: dict[str, str] | None = None
         fail("curriculum.run_phase", f"no phase named {cfg.curriculum.run_phase!r}; phases: {names}")
 
 
-def validate_tokenizer(cfg: Config, fail) -> None:
-    path = Path(cfg.data.tokenizer)
-    if not path.exists():
-        fail("data.tokenizer", f"tokenizer not found: {path}")
-    from data_pipeline.tokenizer import load_tokenizer
+def validate(cfg: Config, fail, world_size: int | None = None) -> None:
+    """The config's own cross-field rules; `fail(key, message)` raises a ConfigError naming the file
+    and key at fault (config.blame)."""
 
-    try:
-        vocab = load_tokenizer(path).vocab_size
-    except (OSError, ValueError) as err:
-        fail("data.tokenizer", f"cannot load tokenizer {path}: {err}")
-    if cfg.model.vocab_size < vocab:
-        fail("model.vocab_size", f"{cfg.model.vocab_size} is smaller than the vocabulary of "
-                                 f"{path} ({vocab} tokens)")
+    def positive(key: str, value: float) -> None:
+        if not value > 0 or value == math.inf:  # rejects NaN too
+            fail(key, f"expected a positive finite value, got {value}")
 
+    def non_negative(key: str, value: float) -> None:
+        if not 0 <= value < math.inf:
+            fail(key, f"expected a finite value >= 0, got {value}")
 
-def builds_from_source(prefix: str) -> bool:
-    """Shards are built from data.source only into a prefix under a data/cache/ folder (as the
-    quickstart's): anywhere else a missing prefix is more likely a typo than a wish."""
-    parts = Path(prefix).resolve().parts
-    return any(parts[i:i + 2] == ("data", "cache") for i in range(len(parts) - 1))
+    m = cfg.model
+    for key in ("d_model", "n_layers", "vocab_size", "pad_vocab_multiple"):
+        positive(f"model.{key}", getattr(m, key))
+    if not 0 <= m.embedding_dropout < 1:
+        fail("model.embedding_dropout", f"expected a probability in [0, 1), got {m.embedding_dropout}")
+    if m.arch == "mamba2":
+        s = m.mamba2
+        for key in ("d_state", "d_conv", "expand", "headdim", "ngroups", "chunk_size"):
+            positive(f"model.mamba2.{key}", getattr(s, key))
+        if m.d_inner % s.headdim:
+            fail("model.mamba2.headdim", f"expand*d_model = {m.d_inner} is not divisible by headdim {s.headdim}")
+        if (m.d_inner // s.headdim) % s.ngroups:
+            fail("model.mamba2.ngroups", f"nheads = {m.d_inner // s.headdim} is not divisible by ngroups")
+    else:
+        s = m.llama
+        positive("model.llama.n_heads", s.n_heads)
+        if m.d_model % s.n_heads or (m.d_model // s.n_heads) % 2:
+            fail("model.llama.n_heads", f"d_model {m.d_model} must split into n_heads {s.n_heads} heads "
+                                        "of even size (RoPE rotates pairs)")
+        if s.n_kv_heads is not None and (s.n_kv_heads <= 0 or s.n_heads % s.n_kv_heads):
+            fail("model.llama.n_kv_heads", f"must divide n_heads {s.n_heads}, got {s.n_kv_heads}")
 
+    im = cfg.implicit
+    positive("implicit.max_iter", im.max_iter)
+    positive("implicit.eval_factor", im.eval_factor)
+    if im.phantom_steps < 1:
+        fail("implicit.phantom_steps", f"expected at least 1, got {im.phantom_steps}")
+    if not 0 < im.damping <= 1:
+        fail("implicit.damping", f"expected 0 < damping <= 1, got {im.damping}")
+    if im.tol is not None:
+        positive("implicit.tol", im.tol)
+    if im.eval_tol is not None:
+        positive("implicit.eval_tol", im.eval_tol)
+    if im.anderson.enabled:
+        positive("implicit.anderson.window", im.anderson.window)
+        non_negative("implicit.anderson.regularization", im.anderson.regularization)
+        positive("implicit.anderson.mixing", im.anderson.mixing)
 
-def validate_data(cfg: Config, fail) -> None:
-    """Every prefix has whole shards (data_pipeline.shard_check) for training, and enough tokens for
-    one sample; a missing prefix is an error unless data.source builds it."""
-    from data_pipeline.indexed import find_shards
-    from data_pipeline.shard_check import ShardError, check_shard
+    if im.cuda_graphs == "on":
+        if cfg.distributed.zero_stage == 3:
+            fail("implicit.cuda_graphs", "ZeRO-3 gathers parameters inside the forward, which a graph cannot "
+                                         "replay; use auto (eager under ZeRO-3) or ZeRO-1/2")
+        if cfg.distributed.activation_checkpointing:
+            fail("implicit.cuda_graphs", "activation checkpointing recomputes passes during backward; "
+                                         "use auto or turn distributed.activation_checkpointing off")
+    validate_curriculum(cfg, fail, cfg.sources)
 
-    for i, prefix in enumerate(cfg.data.prefixes):
-        key = f"data.prefixes[{i}]"
-        for split in ("train", "valid"):
-            try:
-                shards = find_shards(prefix, split)
-            except FileNotFoundError:
-                if i == 0 and cfg.data.source is not None and builds_from_source(prefix):
-                    break  # the quickstart: tokenized from data.source on first use
-                if split == "valid":
-                    continue  # validation then reports that it has no data
-                fail(key, f"no shards for {prefix!r}: neither {prefix}_train.bin/.idx nor {prefix}_train_00000.bin/"
-                          f".idx exists. Check the path, or build them: python -m data_pipeline.preprocess --input "
-                          f"CORPUS --tokenizer {cfg.data.tokenizer} --output-prefix {prefix} --append-eod")
-            tokens = 0
-            for shard in shards:
-                try:
-                    tokens += check_shard(shard).tokens
-                except ShardError as err:
-                    fail(key, str(err))
-            if split == "train" and tokens < cfg.data.seq_len + 1:
-                fail(key, f"the train split of {prefix!r} holds {tokens} tokens, fewer than one sample "
-                          f"(data.seq_len + 1 = {cfg.data.seq_len + 1})")
-        if not cfg.data.allow_tokenizer_mismatch:
-            check_shard_tokenizer(cfg, prefix, fail)
-
-
-def check_shard_tokenizer(cfg: Config, prefix: str, fail) -> None:
-    """The shards' _stats.json names the tokenizer they were built with: the config's must be the
-    same file, or a file with the same vocabulary (e.g. its uncompressed copy)."""
-    import json
-
-    from data_pipeline.plan import file_sha256
-    from data_pipeline.tokenizer import load_tokenizer
-
-    stats_path = Path(f"{prefix}_stats.json")
-    if not stats_path.is_file():
-        return
-    try:
-        stats = json.loads(stats_path.read_text())
-        built_with, built_sha = stats["tokenizer"], stats["tokenizer_sha256"]
-    except (OSError, ValueError, KeyError, TypeError):
-        return  # an older or foreign stats file: nothing recorded to compare
-    ours = load_tokenizer(cfg.data.tokenizer)
-    ours_sha = file_sha256(ours.path)
-    if ours_sha == built_sha:
-        return
-    try:
-        same = load_tokenizer(built_with).vocabulary() == ours.vocabulary()
-    except (OSError, ValueError):
-        same = False  # the shards' tokenizer is not here to compare vocabularies with
-    if not same:
-        fail("data.tokenizer", f"{cfg.data.tokenizer} (sha256 {ours_sha[:12]}) is not the tokenizer the shards "
-                               f"{prefix}_* were built with: {stats_path} names {built_with} (sha256 "
-                               f"{built_sha[:12]}), whose token ids mean other tokens. Point data.tokenizer at that "
-                               "tokenizer, rebuild the shards with this one, or set "
-                               "data.allow_tokenizer_mismatch=true to train anyway")
-
-
-def validate_catbabi(cfg: Config, fail, check_files: bool, check_data: bool) -> None:
-    """The folder holds the train and evaluation splits (with check_files), and the model's vocabulary
-    holds every word of them and the stream fills one window (with check_data: reads the stories)."""
-    from data_pipeline.synthetic.catbabi import split_files
-
-    c = cfg.task.catbabi
-    if cfg.model.separate_documents:
-        fail("model.separate_documents", "catbAbI is one stream; the model learns where stories end from <eos>")
-    if not check_files:
-        return
-    if not Path(c.folder).is_dir():
-        fail("task.catbabi.folder", f"no folder {c.folder}: put the bAbI v1.2 task files there (README: catbAbI)")
-    for split in ("train", c.eval_split):
-        try:
-            split_files(c.folder, split)
-        except FileNotFoundError as err:
-            fail("task.catbabi.folder" if split == "train" else "task.catbabi.eval_split", str(err))
-    if not check_data:
-        return
-    from implicit_megatron.train.catbabi_task import load_vocabulary, windows
-
-    words = len(load_vocabulary(c.folder, c.split_answers))
-    if cfg.model.vocab_size < words:
-        fail("model.vocab_size", f"{cfg.model.vocab_size} is smaller than the catbAbI vocabulary of {c.folder} "
-                                 f"({words} words); set model.vocab_size >= {words}")
-    for split in ("train", c.eval_split):
-        try:
-            windows(c.folder, split, c.split_answers, cfg.data.seq_len, None)
-        except ValueError as err:
-            fail("data.seq_len", str(err))
+    t = cfg.train
+    for key in ("steps", "global_batch_size", "micro_batch_size", "log_interval", "eval_interval"):
+        positive(f"train.{key}", getattr(t, key))
+    dp = world_size if world_size is not None else int(os.environ.get("WORLD_SIZE", "1"))
+    if t.global_batch_size % (t.micro_batch_size * dp):
+        fail("train.global_batch_size",
+             f"{t.global_batch_size} is not divisible by micro_batch_size x data-parallel size "
+             f"= {t.micro_batch_size} x {dp} = {t.micro_batch_size * dp}", "train.micro_batch_size")
+    if cfg.schedule.warmup_steps >= t.steps:
+        fail("schedule.warmup_steps", f"{cfg.schedule.warmup_steps} is not below train.steps {t.steps}",
+             "train.steps")
+    if not 0 <= cfg.schedule.cooldown_start <= 1:
+        fail("schedule.cooldown_start", f"expected a fraction in [0, 1], got {cfg.schedule.cooldown_start}")
+    positive("optimizer.lr", cfg.optimizer.lr)
+    non_negative("schedule.min_lr", cfg.schedule.min_lr)
+    non_negative("schedule.warmup_steps", cfg.schedule.warmup_steps)
+    non_negative("optimizer.weight_decay", cfg.optimizer.weight_decay)
+    non_negative("optimizer.grad_clip", cfg.optimizer.grad_clip)
+    non_negative("train.eval_samples", t.eval_samples)
+    positive("checkpoint.interval", cfg.checkpoint.interval)
+    non_negative("checkpoint.keep_last", cfg.checkpoint.keep_last)
+    if cfg.schedule.min_lr > cfg.optimizer.lr:
+        fail("schedule.min_lr", f"{cfg.schedule.min_lr} exceeds the peak optimizer.lr {cfg.optimizer.lr}")
+    positive("data.seq_len", cfg.data.seq_len)
+    if cfg.data.weights is not None and len(cfg.data.weights) != len(cfg.data.prefixes):
+        fail("data.weights", f"{len(cfg.data.weights)} weights for {len(cfg.data.prefixes)} prefixes")

@@ -8,7 +8,7 @@ import sys
 import yaml
 
 from implicit_megatron import config as config_module
-from implicit_megatron.config import load_config
+from implicit_megatron.prelaunch import load_config
 from implicit_megatron.utils.typed_yaml import ConfigError
 
 CONFIG_DOC = config_module.__doc__

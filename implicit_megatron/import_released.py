@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 from implicit_megatron.builder import build_model
-from implicit_megatron.config import Config, load_config
+from implicit_megatron.config import Config, read_config
 from implicit_megatron.export import write_folder
 from implicit_megatron.import_weights import DEFAULT_BASE, read_source, source_name
 
@@ -184,8 +184,8 @@ def import_released(src: str | Path, out_dir: str | Path, base_config: str | Pat
     released code does."""
     src, out = Path(src), Path(out_dir)
     hf, weights = read_source(src)
-    cfg: Config = load_config(Path(base_config) if base_config else DEFAULT_BASE,
-                              [f"name={source_name(src)}", *released_overrides(hf, src)], check_files=False)
+    cfg: Config = read_config(Path(base_config) if base_config else DEFAULT_BASE,
+                              [f"name={source_name(src)}", *released_overrides(hf, src)])
     state = released_state(weights, cfg.model.arch, cfg.model.tie_embeddings, src)
     dtype = weights["word_emb.emb.weight"].dtype
     model = build_model(cfg, dtype=dtype)

@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 
 from implicit_megatron.builder import build_model
-from implicit_megatron.config import Config, load_config
+from implicit_megatron.config import Config, read_config
 from implicit_megatron.export import write_folder
 
 DEFAULT_BASE = Path(__file__).resolve().parents[1] / "configs/parts/imported.yaml"  # what a source does not say
@@ -102,7 +102,7 @@ def import_explicit(src: str | Path, out_dir: str | Path, base_config: str | Pat
         overrides = [f"name={source_name(src)}", *overrides]
         if hf.get("max_position_embeddings"):
             overrides.append(f"data.seq_len={int(hf['max_position_embeddings'])}")
-    cfg: Config = load_config(Path(base_config) if base_config else DEFAULT_BASE, overrides, check_files=False)
+    cfg: Config = read_config(Path(base_config) if base_config else DEFAULT_BASE, overrides)
     state = {}
     for name, tensor in weights.items():
         prefix = next((p for p in prefixes if name.startswith(p)), None)

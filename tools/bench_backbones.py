@@ -17,8 +17,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from implicit_megatron import build_model
-from implicit_megatron.config import load_config
+from implicit_megatron import build_model, load_config
 from implicit_megatron.models import kernels
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -61,7 +61,7 @@ def main() -> None:
     parser.add_argument("overrides", nargs="*")
     args = parser.parse_args()
     sys.path.insert(0, str(ROOT))
-    from implicit_megatron.config import load_config
+    from implicit_megatron import load_config
     from implicit_megatron.train.data import prepare_shards
 
     cfg = load_config(ROOT / args.config, args.overrides, world_size=args.nproc)

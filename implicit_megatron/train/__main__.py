@@ -14,7 +14,7 @@ import socket
 import sys
 from pathlib import Path
 
-from implicit_megatron.config import load_config
+from implicit_megatron.prelaunch import load_config
 from implicit_megatron.train import stopping
 from implicit_megatron.utils.typed_yaml import ConfigError
 

@@ -15,8 +15,9 @@ from pathlib import Path
 
 from implicit_megatron.checkpoints.integrity import check_tag, newest_complete
 from implicit_megatron.checkpoints.layout import DamagedCheckpoint, read_latest, step_of
-from implicit_megatron.config import Config, PhaseConfig, load_config, phase_bounds
+from implicit_megatron.config import Config, PhaseConfig, phase_bounds
 from implicit_megatron.errors import RunRefused
+from implicit_megatron.prelaunch import load_config
 from implicit_megatron.utils.typed_yaml import ConfigError, apply_overrides, read_yaml_chain
 
 Bounds = list[tuple[PhaseConfig, int, int]]

@@ -10,8 +10,8 @@ QUICKSTART_SPLIT = 0.05  # valid and test fractions when a small bundled corpus 
 
 def prepare_shards(cfg: Config) -> None:
     """Tokenize `data.source` into the first prefix when its shards are missing (the quickstart);
-    only into a prefix under data/cache/ (config_checks.builds_from_source)."""
-    from implicit_megatron.config_checks import builds_from_source
+    only into a prefix under data/cache/ (prelaunch.builds_from_source)."""
+    from implicit_megatron.prelaunch import builds_from_source
 
     if cfg.data.source is None or not cfg.data.prefixes or not builds_from_source(cfg.data.prefixes[0]):
         return

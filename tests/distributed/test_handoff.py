@@ -12,7 +12,7 @@ import pytest
 import torch
 from support.processes import run_torchrun
 
-from implicit_megatron.config import load_config
+from implicit_megatron import load_config
 from implicit_megatron.train.schedule import learning_rate
 
 TINY = "configs/tiny/mamba2-implicit.yaml"

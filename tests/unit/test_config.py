@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from implicit_megatron.config import load_config, phase_bounds
+from implicit_megatron import load_config
+from implicit_megatron.config import phase_bounds
 from implicit_megatron.utils.typed_yaml import ConfigError
 
 ROOT = Path(__file__).resolve().parents[2]

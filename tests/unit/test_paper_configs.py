@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from implicit_megatron.config import load_config, phase_bounds
+from implicit_megatron import load_config
+from implicit_megatron.config import phase_bounds
 from implicit_megatron.train.schedule import learning_rate
 
 ROOT = Path(__file__).resolve().parents[2]

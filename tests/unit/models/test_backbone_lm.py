@@ -8,8 +8,7 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM, Mamba2Config, Mamba2ForCausalLM
 
-from implicit_megatron import build_model
-from implicit_megatron.config import load_config
+from implicit_megatron import build_model, load_config
 from implicit_megatron.models import Backbone, KVCache, LanguageModel, Mamba2State
 from implicit_megatron.models.lm import seq_idx_from_eod
 

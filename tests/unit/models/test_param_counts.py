@@ -5,8 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from implicit_megatron import build_model
-from implicit_megatron.config import load_config
+from implicit_megatron import build_model, load_config
 
 # Public Mamba2 checkpoints (tied embeddings, vocabulary padded to 50288) and the Llama sizes of Table 6.
 EXPECTED = {

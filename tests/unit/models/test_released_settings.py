@@ -8,8 +8,7 @@ import pytest
 import torch
 from torch.nn.utils import parametrize
 
-from implicit_megatron import build_model
-from implicit_megatron.config import load_config
+from implicit_megatron import build_model, load_config
 
 
 def cfg_of(arch: str, kind: str, *overrides: str):

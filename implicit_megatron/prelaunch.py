@@ -1,0 +1,188 @@
+"""The check before a launch: a config's own rules, and what needs the world around it.
+
+    implicit_megatron.load_config(path, overrides, world_size, check_files=True, check_data=False)
+
+`python -m implicit_megatron.config`, launch/pretrain.sh (through it) and every rank load configs
+here. `implicit_megatron.config.read_config` checks a config on its own (types, ranges, batch
+sizes, the curriculum); this module adds what needs files, data or a task: the tokenizer
+(`check_files`), every data shard and its tokenizer (`check_data`), the word problem's algebra,
+catbAbI's folder and vocabulary, GPUs for NCCL. It sits above `config`, `data_pipeline` and the
+training tasks, which `config` never imports. Errors name the file and key at fault, as
+`read_config`'s do.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from implicit_megatron.config import Config, blame, read_config
+
+
+def load_config(path: str | os.PathLike, overrides: list[str] | tuple[str, ...] = (),
+                world_size: int | None = None, check_files: bool = True, check_data: bool = False) -> Config:
+    """Read CONFIG (and its `base:` chain), apply overrides, check its own rules and, with
+    `check_files`, the files it names; `check_data` (the pre-launch check, and each rank) also
+    checks every data shard."""
+    cfg = read_config(path, overrides, world_size)
+    check(cfg, check_files, check_data)
+    return cfg
+
+
+def check(cfg: Config, check_files: bool = True, check_data: bool = False) -> None:
+    """The checks of a loaded config that need more than the config; raise ConfigError."""
+    fail = blame(cfg)
+    if cfg.task.kind == "word_problem":
+        validate_word_problem(cfg, fail)
+    elif cfg.task.kind == "catbabi":
+        validate_catbabi(cfg, fail, check_files, check_data)
+    elif not cfg.data.prefixes and check_files:  # without file checks: a model's config (an import, a tool)
+        fail("data.prefixes", "name at least one shard prefix (the output prefix of data_pipeline.preprocess)")
+    if cfg.distributed.backend == "nccl" and check_files:
+        import torch
+
+        if not torch.cuda.is_available():
+            fail("distributed.backend", "nccl needs GPUs, and none is visible; use auto or gloo")
+    if check_files and cfg.task.kind == "language_model":
+        validate_tokenizer(cfg, fail)
+    if check_data and cfg.task.kind == "language_model":
+        validate_data(cfg, fail)
+
+
+def validate_word_problem(cfg: Config, fail) -> None:
+    from data_pipeline.synthetic.algebra import get_algebra
+
+    w = cfg.task.word_problem
+    for key in ("p", "eval_p"):
+        value = getattr(w, key)
+        if value is not None and not 0 <= value <= 1:
+            fail(f"task.word_problem.{key}", f"expected a probability in [0, 1] or null, got {value}")
+    if w.eval_words < 1 or any(length < 1 for length in w.eval_lengths):
+        fail("task.word_problem.eval_words", "evaluation sets need at least one word of at least one element")
+    try:
+        size = get_algebra(w.algebra).size
+    except ValueError as err:
+        fail("task.word_problem.algebra", str(err))
+    if cfg.model.vocab_size != size:
+        fail("model.vocab_size", f"the {w.algebra} word problem has {size} elements (inputs and labels); "
+                                 f"set model.vocab_size={size}")
+    if cfg.model.separate_documents:
+        fail("model.separate_documents", "word problems have no documents to separate")
+
+
+def validate_tokenizer(cfg: Config, fail) -> None:
+    path = Path(cfg.data.tokenizer)
+    if not path.exists():
+        fail("data.tokenizer", f"tokenizer not found: {path}")
+    from data_pipeline.tokenizer import load_tokenizer
+
+    try:
+        vocab = load_tokenizer(path).vocab_size
+    except (OSError, ValueError) as err:
+        fail("data.tokenizer", f"cannot load tokenizer {path}: {err}")
+    if cfg.model.vocab_size < vocab:
+        fail("model.vocab_size", f"{cfg.model.vocab_size} is smaller than the vocabulary of "
+                                 f"{path} ({vocab} tokens)")
+
+
+def builds_from_source(prefix: str) -> bool:
+    """Shards are built from data.source only into a prefix under a data/cache/ folder (as the
+    quickstart's): anywhere else a missing prefix is more likely a typo than a wish."""
+    parts = Path(prefix).resolve().parts
+    return any(parts[i:i + 2] == ("data", "cache") for i in range(len(parts) - 1))
+
+
+def validate_data(cfg: Config, fail) -> None:
+    """Every prefix has whole shards (data_pipeline.shard_check) for training, and enough tokens for
+    one sample; a missing prefix is an error unless data.source builds it."""
+    from data_pipeline.indexed import find_shards
+    from data_pipeline.shard_check import ShardError, check_shard
+
+    for i, prefix in enumerate(cfg.data.prefixes):
+        key = f"data.prefixes[{i}]"
+        for split in ("train", "valid"):
+            try:
+                shards = find_shards(prefix, split)
+            except FileNotFoundError:
+                if i == 0 and cfg.data.source is not None and builds_from_source(prefix):
+                    break  # the quickstart: tokenized from data.source on first use
+                if split == "valid":
+                    continue  # validation then reports that it has no data
+                fail(key, f"no shards for {prefix!r}: neither {prefix}_train.bin/.idx nor {prefix}_train_00000.bin/"
+                          f".idx exists. Check the path, or build them: python -m data_pipeline.preprocess --input "
+                          f"CORPUS --tokenizer {cfg.data.tokenizer} --output-prefix {prefix} --append-eod")
+            tokens = 0
+            for shard in shards:
+                try:
+                    tokens += check_shard(shard).tokens
+                except ShardError as err:
+                    fail(key, str(err))
+            if split == "train" and tokens < cfg.data.seq_len + 1:
+                fail(key, f"the train split of {prefix!r} holds {tokens} tokens, fewer than one sample "
+                          f"(data.seq_len + 1 = {cfg.data.seq_len + 1})")
+        if not cfg.data.allow_tokenizer_mismatch:
+            check_shard_tokenizer(cfg, prefix, fail)
+
+
+def check_shard_tokenizer(cfg: Config, prefix: str, fail) -> None:
+    """The shards' _stats.json names the tokenizer they were built with: the config's must be the
+    same file, or a file with the same vocabulary (e.g. its uncompressed copy)."""
+    import json
+
+    from data_pipeline.plan import file_sha256
+    from data_pipeline.tokenizer import load_tokenizer
+
+    stats_path = Path(f"{prefix}_stats.json")
+    if not stats_path.is_file():
+        return
+    try:
+        stats = json.loads(stats_path.read_text())
+        built_with, built_sha = stats["tokenizer"], stats["tokenizer_sha256"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return  # an older or foreign stats file: nothing recorded to compare
+    ours = load_tokenizer(cfg.data.tokenizer)
+    ours_sha = file_sha256(ours.path)
+    if ours_sha == built_sha:
+        return
+    try:
+        same = load_tokenizer(built_with).vocabulary() == ours.vocabulary()
+    except (OSError, ValueError):
+        same = False  # the shards' tokenizer is not here to compare vocabularies with
+    if not same:
+        fail("data.tokenizer", f"{cfg.data.tokenizer} (sha256 {ours_sha[:12]}) is not the tokenizer the shards "
+                               f"{prefix}_* were built with: {stats_path} names {built_with} (sha256 "
+                               f"{built_sha[:12]}), whose token ids mean other tokens. Point data.tokenizer at that "
+                               "tokenizer, rebuild the shards with this one, or set "
+                               "data.allow_tokenizer_mismatch=true to train anyway")
+
+
+def validate_catbabi(cfg: Config, fail, check_files: bool, check_data: bool) -> None:
+    """The folder holds the train and evaluation splits (with check_files), and the model's vocabulary
+    holds every word of them and the stream fills one window (with check_data: reads the stories)."""
+    from data_pipeline.synthetic.catbabi import split_files
+
+    c = cfg.task.catbabi
+    if cfg.model.separate_documents:
+        fail("model.separate_documents", "catbAbI is one stream; the model learns where stories end from <eos>")
+    if not check_files:
+        return
+    if not Path(c.folder).is_dir():
+        fail("task.catbabi.folder", f"no folder {c.folder}: put the bAbI v1.2 task files there (README: catbAbI)")
+    for split in ("train", c.eval_split):
+        try:
+            split_files(c.folder, split)
+        except FileNotFoundError as err:
+            fail("task.catbabi.folder" if split == "train" else "task.catbabi.eval_split", str(err))
+    if not check_data:
+        return
+    from implicit_megatron.train.catbabi_task import load_vocabulary, windows
+
+    words = len(load_vocabulary(c.folder, c.split_answers))
+    if cfg.model.vocab_size < words:
+        fail("model.vocab_size", f"{cfg.model.vocab_size} is smaller than the catbAbI vocabulary of {c.folder} "
+                                 f"({words} words); set model.vocab_size >= {words}")
+    for split in ("train", c.eval_split):
+        try:
+            windows(c.folder, split, c.split_answers, cfg.data.seq_len, None)
+        except ValueError as err:
+            fail("data.seq_len", str(err))
