@@ -4,7 +4,7 @@
                                      [--precision fp32] [--output /tmp/bench-checkpoint] [overrides ...]
 
 One process (gloo on CPU, NCCL on a GPU) builds the config's model in a DeepSpeed engine, takes one
-optimizer step (so that Adam's moments exist), then saves with `train.checkpoint.save` as training
+optimizer step (so that Adam's moments exist), then saves with `train.checkpointer.save` as training
 does. It prints the tag's size, the whole save, the part of it spent writing `manifest.json` (sizes
 and the zip directories' CRC-32s), and the check a resume, handoff or export makes first
 (`integrity.check_tag`: manifest, every record's data against its CRC-32, weights-only unpickling).
@@ -40,7 +40,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from implicit_megatron import build_model, load_config
     from implicit_megatron.checkpoints import integrity
-    from implicit_megatron.train import checkpoint
+    from implicit_megatron.train import checkpointer as checkpoint
     from implicit_megatron.train.engine import build_engine, init_distributed
 
     out = Path(args.output)

@@ -42,7 +42,7 @@ def main(argv: list[str] | None = None) -> int:
     except stopping.StoppedDuringStartUp:
         if int(os.environ.get("RANK", "0")) == 0:
             if output_dir_seen:  # tells launch/pretrain.sh the stop was graceful
-                from implicit_megatron.train.loop import PREEMPTED_FILE
+                from implicit_megatron.train.stopping import PREEMPTED_FILE
 
                 Path(output_dir_seen[-1]).mkdir(parents=True, exist_ok=True)
                 Path(output_dir_seen[-1], PREEMPTED_FILE).write_text(json.dumps({"step": None, "checkpoint": None})

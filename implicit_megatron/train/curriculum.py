@@ -11,6 +11,7 @@ checkpoint is at or after the phase's last step (as the run's recorded phase ran
 from __future__ import annotations
 
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 from implicit_megatron.checkpoints.integrity import check_tag, newest_complete
@@ -55,6 +56,63 @@ def run_bounds(cfg: Config, trained: list | None, step: int) -> tuple[Bounds, st
                      f"a run can only lengthen its last phase once it has reached it (this run is at step {step}, "
                      f"phases {', '.join(f'{n} {a}-{b - 1}' for n, a, b in trained)}); restore train.steps "
                      f"{old_end} and the fractions, or start a new run from this checkpoint with checkpoint.load")
+
+
+class Phases:
+    """The run's phases over its steps: which phase a step belongs to, switching the core to it,
+    and the steps this launch trains (a phase launched on its own trains only its own)."""
+
+    def __init__(self, cfg: Config, log) -> None:
+        self.cfg, self.log = cfg, log
+        self.bounds = phase_bounds(cfg)
+
+    def resume(self, state: dict | None, step: int) -> None:
+        """Keep the phases of the steps already trained (see run_bounds); say so where a raised
+        train.steps lengthens the last phase, with the learning rate its extra steps start at."""
+        if state is None:
+            return
+        trained = recorded_bounds(state)
+        self.bounds, extension = run_bounds(self.cfg, trained, step)
+        if extension:
+            from implicit_megatron.train.schedule import learning_rate
+
+            shorter = replace(self.cfg, train=replace(self.cfg.train, steps=trained[-1][2]))
+            self.log(f"{extension}, at learning rate {learning_rate(step, self.cfg):.3g} from step {step} (the "
+                     f"schedule over {self.cfg.train.steps} steps; step {step - 1} trained at "
+                     f"{learning_rate(step - 1, shorter):.3g})")
+
+    def at(self, step: int) -> PhaseConfig | None:
+        return next((phase for phase, start, end in self.bounds if start <= step < end), None)
+
+    def ends_after(self, step: int) -> bool:
+        """Whether `step` (counted from 1) is the last step of its phase."""
+        return self.at(step) is not self.at(step - 1)
+
+    def steps_of_this_launch(self, step: int) -> tuple[int, int]:
+        if self.cfg.curriculum.run_phase is None:
+            return step, self.cfg.train.steps
+        for phase, start, end in self.bounds:
+            if phase.name == self.cfg.curriculum.run_phase:
+                if step < start:
+                    raise RunRefused(f"phase {phase.name!r} starts at step {start}, but this run is at step {step}: "
+                                     "run the earlier phases first")
+                return step, end
+        raise AssertionError("validated config names an unknown phase")
+
+    def apply(self, step: int, core, progress) -> None:
+        """Switch the core's solver to the phase of `step` when it changes there."""
+        phase = self.at(step)
+        if phase is None or phase.name == progress.phase:
+            return
+        gradient = "unrolled_damped" if phase.kind == "unrolled" else self.cfg.implicit.gradient
+        core.set_phase(max_iter=phase.max_iter, tol=phase.tol, phantom_steps=phase.phantom_steps, gradient=gradient)
+        progress.phase = phase.name
+        shape = f"{phase.max_iter} unrolled damped passes" if phase.kind == "unrolled" else \
+            f"({phase.max_iter}+{phase.phantom_steps}), tol {phase.tol}"
+        self.log(f"phase {phase.name}: {shape}")
+
+    def recorded(self) -> list[list]:
+        return trained_bounds(self.bounds)
 
 
 def trained_bounds(bounds: Bounds) -> list[list]:

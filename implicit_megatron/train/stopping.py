@@ -1,15 +1,22 @@
-"""SIGTERM while a rank starts up: remembered, and acted on at the next safe point.
+"""Stopping a rank gracefully: SIGTERM during its start-up, and preemption while it trains.
 
 Raising from a signal handler interrupts whatever runs at that moment, a C extension's
-initialisation included (it crashed the process); the handler here only takes note, and start-up
-asks `check()` between its stages (config, run lock, model and engine, before the first step).
-Once training runs, Trainer.fit's own handler takes over: the stop is agreed between steps and a
-checkpoint saved.
+initialisation included (it crashed the process); the handlers here only take note. Start-up asks
+`check()` between its stages (config, run lock, model and engine, before the first step). Once
+training runs, `Preemption` takes over: a SIGTERM, or STOP_FILE written by launch/pretrain.sh
+(which received one itself), asks for a stop; the ranks agree on it with the step's one host read
+(step_metrics.step_flags), save a checkpoint, and rank 0 writes PREEMPTED_FILE naming it, which
+tells launch/pretrain.sh that the stop was graceful.
 """
 
 from __future__ import annotations
 
+import json
 import signal
+from pathlib import Path
+
+STOP_FILE = "stop-requested"  # in the output folder: stop as SIGTERM would (written by launch/pretrain.sh)
+PREEMPTED_FILE = "preempted.json"  # in the output folder: this launch stopped early, with its checkpoint
 
 _requested = False
 
@@ -31,3 +38,34 @@ def check() -> None:
     """Raise StoppedDuringStartUp when a SIGTERM has come."""
     if _requested:
         raise StoppedDuringStartUp
+
+
+class Preemption:
+    """A stop asked of this rank while it trains, and the agreement of all ranks on it."""
+
+    def __init__(self, output_dir: str | Path, rank: int) -> None:
+        self.folder, self.rank = Path(output_dir), rank
+        self.requested = False  # this rank was asked (SIGTERM, STOP_FILE)
+        self.agreed = False  # some rank was, as of the last step: every rank stops after it
+
+    def install(self) -> None:
+        """Take over SIGTERM; a stop asked of an earlier launch is not one asked of this one."""
+        signal.signal(signal.SIGTERM, self._take_note)
+        if self.rank == 0:
+            for name in (STOP_FILE, PREEMPTED_FILE):
+                (self.folder / name).unlink(missing_ok=True)
+
+    def _take_note(self, signum, frame) -> None:
+        self.requested = True
+
+    def asked(self) -> bool:
+        """Whether this rank was asked to stop (rank 0 also reads STOP_FILE)."""
+        if self.rank == 0 and (self.folder / STOP_FILE).exists():
+            self.requested = True
+        return self.requested
+
+    def record(self, step: int, tag: str | None) -> None:
+        """Rank 0: the stop was graceful, after `step`, with checkpoint `tag` (None: none saved)."""
+        if self.rank == 0:
+            (self.folder / STOP_FILE).unlink(missing_ok=True)
+            (self.folder / PREEMPTED_FILE).write_text(json.dumps({"step": step, "checkpoint": tag}) + "\n")

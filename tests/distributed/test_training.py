@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
-from support.processes import ROOT, child_env, free_port, kill_tree, run_torchrun, torchrun_command
+from support.processes import ROOT, child_env, faults, free_port, kill_tree, run_torchrun, torchrun_command
 
 TINY = "configs/tiny/mamba2-implicit.yaml"
 
@@ -97,7 +97,7 @@ def test_killed_runs_resume_exactly(shakespeare_shards, tmp_path):
     # Resume, and die again while the final checkpoint is written: `latest` must stay on the previous
     # complete checkpoint, the one that ended the bounded phase at step 10.
     crashed = run_torchrun("-m", "implicit_megatron.train", TINY, *args,
-                           IMPLICIT_MEGATRON_CRASH_BEFORE_LATEST="free-step12")
+                           **faults(crash_before_latest="free-step12"))
     assert crashed.returncode != 0
     assert (interrupted / "checkpoints" / ".partial-free-step12").is_dir()  # written, never renamed
     assert not (interrupted / "checkpoints" / "free-step12").exists()
@@ -180,8 +180,8 @@ def test_honest_endings(shakespeare_shards, tmp_path):
     args = overrides(shakespeare_shards, tmp_path, "train.steps=4", "tracking.enabled=false", "train.eval_interval=2",
                      "schedule.warmup_steps=1", f"curriculum.phases={never}", "train.warn_unconverged_intervals=2",
                      "checkpoint.interval=1", "checkpoint.keep_last=5")
-    result = run_torchrun("-m", "implicit_megatron.train", TINY, *args, nproc=1, IMPLICIT_MEGATRON_NAN_LOSS_AT_STEP="4",
-                          IMPLICIT_MEGATRON_LOSS_JUMP_AT_STEP="3")
+    result = run_torchrun("-m", "implicit_megatron.train", TINY, *args, nproc=1,
+                          **faults(nan_loss_at_step=4, loss_jump_at_step=3))
     assert result.returncode == 0, result.stdout[-3000:]
     assert "warning: no checkpoint at step 3: the loss jumped beyond checkpoint.max_loss_jump=4.0" in result.stdout
     assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir() if p.is_dir()) == ["free-step1", "free-step2",
@@ -249,7 +249,7 @@ def test_resume_with_a_fresh_optimizer_follows_the_zero_stage_advice(shakespeare
 def test_a_nonfinite_step_is_skipped_and_training_goes_on(stage, shakespeare_shards, tmp_path):
     args = overrides(shakespeare_shards, tmp_path, "train.steps=6", "tracking.enabled=false", "train.eval_interval=6",
                      f"distributed.zero_stage={stage}")
-    result = run_torchrun("-m", "implicit_megatron.train", TINY, *args, IMPLICIT_MEGATRON_NAN_LOSS_AT_STEP="3")
+    result = run_torchrun("-m", "implicit_megatron.train", TINY, *args, **faults(nan_loss_at_step=3))
     assert result.returncode == 0, result.stdout[-3000:]
     assert "step 3: non-finite loss (1 in a row)" in result.stdout
     losses = {step: row["train/loss"] for step, row in records(tmp_path).items()}

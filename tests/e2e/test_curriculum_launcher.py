@@ -11,7 +11,7 @@ import sys
 import time
 
 import pytest
-from support.processes import ROOT, child_env, free_port
+from support.processes import ROOT, child_env, faults, free_port
 
 CONFIG = "configs/tiny/mamba2-curriculum.yaml"
 
@@ -41,7 +41,7 @@ def test_two_phase_curriculum_end_to_end(shakespeare_shards, tmp_path):
     args = [f"data.prefixes=[{shakespeare_shards}]", "data.source=null", f"train.output_dir={tmp_path}",
             "train.steps=10", "train.eval_interval=100", "train.log_interval=1", "tracking.enabled=false"]
     # The free phase dies after writing its last checkpoint, before `latest` names it.
-    crashed = curriculum(*args, IMPLICIT_MEGATRON_CRASH_BEFORE_LATEST="free-step10")
+    crashed = curriculum(*args, **faults(crash_before_latest="free-step10"))
     assert crashed.returncode != 0
     assert "phase bounded: starting with GPUS_PER_NODE=2 NPROC=2" in crashed.stdout
     assert (tmp_path / "checkpoints" / "latest").read_text().strip() == "bounded-step8"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import socket
 import subprocess
@@ -37,6 +38,15 @@ def torchrun_command(*args: str, nproc: int = 2) -> list[str]:
     """`args` is a script path or `-m module`, then its arguments."""
     return [sys.executable, "-m", "torch.distributed.run", "--nnodes=1", f"--nproc_per_node={nproc}",
             "--master_addr=127.0.0.1", f"--master_port={free_port()}", *map(str, args)]
+
+
+FAULTS = ROOT / "tests" / "support" / "faults"  # a sitecustomize that injects faults (see its docstring)
+
+
+def faults(**settings) -> dict[str, str]:
+    """Environment for a launch whose training processes get these faults (tests/support/faults)."""
+    path = os.pathsep.join(p for p in (str(FAULTS), os.environ.get("PYTHONPATH", "")) if p)
+    return {"PYTHONPATH": path, "TEST_FAULTS": json.dumps(settings)}
 
 
 def child_env(**extra: str) -> dict[str, str]:

@@ -205,7 +205,7 @@ def test_universal_command_errors(tmp_path):
 
 
 def test_raised_steps_are_accepted_only_when_the_seen_order_holds():
-    from implicit_megatron.train.checkpoint import _check_data_signature, data_signature
+    from implicit_megatron.train.checkpointer import _check_data_signature, data_signature
 
     cfg = load_config(TINY, ["train.steps=20"])
     saved = {"data_signature": {**data_signature(cfg), "steps": 10}, "consumed_samples": 80,

@@ -1,9 +1,11 @@
-"""Saving and loading the training state through the DeepSpeed engine, with our client state.
+"""The trainer's checkpoints: where a launch starts from, resuming into the engine, and saving.
 
 Where the files go and what makes a tag complete is implicit_megatron.checkpoints (layout,
-integrity); here: the engine's save into `.partial-{tag}` on every rank, the rename and `latest`
-once all are done, pruning; and the load of a tag (the engine's state, the RNG, the data position,
-refused when the data order changed).
+integrity); which checkpoint a launch starts from is train/handoff.py's decision. Here: preparing
+that start before the engine exists (a universal conversion, a weights-only load), the load of a
+tag into the engine (its state, the RNG, the step and data position, refused when the data order
+changed), and the save: the engine's files into `.partial-{tag}` on every rank, then the manifest,
+the rename and `latest` once all are done, and pruning.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import os
 import random
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -23,18 +26,26 @@ from implicit_megatron.checkpoints.layout import (
     PARTIAL,
     UNIVERSAL,
     UNIVERSAL_INFO,
+    DamagedCheckpoint,
     checkpoint_dir,
     prune,
     read_client_state,
     read_latest,
+    remove_partial,
     write_latest,
 )
+from implicit_megatron.checkpoints.universal import to_universal
 from implicit_megatron.checkpoints.weights import model_settings_changed
 from implicit_megatron.config import Config
 from implicit_megatron.errors import RunRefused
-from implicit_megatron.train.handoff import Source, shape_error
-
-CRASH_BEFORE_LATEST = "IMPLICIT_MEGATRON_CRASH_BEFORE_LATEST"  # a tag: exit after writing it, before `latest`
+from implicit_megatron.tracking import drop_metrics_after
+from implicit_megatron.train.handoff import (
+    Source,
+    find_source,
+    load_source_weights,
+    resume_tag,
+    shape_error,
+)
 
 
 class CheckpointSaveError(RuntimeError):
@@ -63,9 +74,11 @@ def data_signature(cfg: Config) -> dict:
             "global_batch_size": cfg.train.global_batch_size, "steps": cfg.train.steps}  # see _check_data_signature
 
 
-def save(engine, cfg: Config, tag: str, client_state: dict, val_loss: float | None = None) -> Path:
+def save(engine, cfg: Config, tag: str, client_state: dict, val_loss: float | None = None,
+         before_latest: Callable[[str], None] | None = None) -> Path:
     """Save on every rank; move `latest` once all ranks are done; prune beyond keep_last (never the
-    checkpoint with the best validation loss; `val_loss` is these weights', where known)."""
+    checkpoint with the best validation loss; `val_loss` is these weights', where known).
+    `before_latest(tag)` runs when every rank has written, before the rename (callbacks)."""
     folder = checkpoint_dir(cfg)
     client_state = {**client_state, "config": cfg.to_dict(), "data_signature": data_signature(cfg),
                     # lets DeepSpeed's ds_to_universal convert it (pure data parallelism: no TP/PP patterns)
@@ -90,8 +103,8 @@ def save(engine, cfg: Config, tag: str, client_state: dict, val_loss: float | No
             "no earlier checkpoint exists"
         raise CheckpointSaveError(f"checkpoint {tag} could not be saved into {folder}: "
                                   f"{failure or 'another rank failed to write its files'}; {kept}")
-    if os.environ.get(CRASH_BEFORE_LATEST) == tag:  # fault injection for the tests: die as a kill would
-        os._exit(137)
+    if before_latest is not None:
+        before_latest(tag)
     if rank == 0:  # every rank has written: a manifest, the tag's real name, then `latest` names it
         write_manifest(folder / partial, val_loss)
         if (folder / tag).exists():  # an older copy of this step (e.g. damaged, left by a fallback)
@@ -108,7 +121,7 @@ def load(engine, cfg: Config, source: Source, fingerprint=None) -> dict:
 
     A resume restores everything; a handoff or a start from checkpoint.load restores what
     checkpoint.load_* ask for. Weights-only starts were loaded into the model before the engine
-    was built (handoff.consolidated_weights), so only the client state is read here.
+    was built (Checkpointer.prepare), so only the client state is read here.
     """
     if source.how == "pretrained":
         return {"loaded_from": str(source.folder)}
@@ -180,3 +193,85 @@ def _set_rng_state(state: dict) -> None:
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state(state["cuda"])
+
+
+class Checkpointer:
+    """The trainer's side of its checkpoints, in the order a launch needs them: `prepare` before
+    the engine exists (rank 0 chooses the start, a universal checkpoint must be named in DeepSpeed's
+    config, weights-only starts fill the model the engine then partitions), `resume` into the
+    engine, `save` at each checkpoint."""
+
+    def __init__(self, cfg: Config, rank: int, world: int, log, before_latest: Callable[[str], None]) -> None:
+        self.cfg, self.rank, self.world, self.log, self.before_latest = cfg, rank, world, log, before_latest
+        self.source: Source | None = None
+
+    def prepare(self, model: torch.nn.Module) -> Source | None:
+        """Find the checkpoint to start from; convert it or load its weights as the layout requires."""
+        chosen = [None, None]  # rank 0 reads the checkpoint files once; every rank starts from its choice
+        if self.rank == 0:
+            remove_partial(self.cfg, self.log)
+            try:
+                chosen[0] = resume_tag(self.cfg, self.log)
+            except (DamagedCheckpoint, OSError) as err:
+                chosen[1] = str(err)
+        dist.broadcast_object_list(chosen, src=0)
+        if chosen[1]:
+            raise RunRefused(f"checkpoint error: {chosen[1]}")
+        source = self.source = find_source(self.cfg, self.world, chosen[0])
+        if source is None:
+            return None
+        self.log(f"starting from {source.path} ({'resume' if source.resuming else 'handoff/load'}, {source.how})")
+        error = None
+        if source.how == "universal" and self.rank == 0:
+            try:
+                to_universal(source.path, log=self.log)
+            except (RuntimeError, OSError) as err:
+                error = str(err)
+        shared = [error]
+        dist.broadcast_object_list(shared, src=0)  # every rank fails together instead of hanging
+        if shared[0]:
+            raise RuntimeError(shared[0])
+        if source.how in ("weights", "pretrained"):
+            fresh = load_source_weights(model, source, self.cfg)
+            if fresh:
+                self.log(f"kept the fresh initialisation of {len(fresh)} tensors: {', '.join(fresh[:4])}")
+        return source
+
+    def resume(self, engine, task, batches, progress) -> dict | None:
+        """Load the prepared start into the engine: the step, samples and (as checkpoint.load_data_state
+        says) the data position go into `progress` and `batches`. Returns the client state (None for a
+        fresh start). The step, and with it the LR schedule, continues across a handoff."""
+        source = self.source
+        if source is None:
+            return None
+        state = load(engine, self.cfg, source, fingerprint=lambda n: task.order_fingerprint(batches, n))
+        p = progress
+        if "step" in state:  # a model folder (how == "pretrained") starts at step 0
+            if source.resuming or self.cfg.curriculum.run_phase is not None or source.load_data_state:
+                p.step, p.consumed_samples = state["step"], state["consumed_samples"]
+                p.consumed_tokens = state["consumed_tokens"]
+            if source.load_data_state:
+                data_state = state["data"]
+                if self.cfg.checkpoint.allow_data_change or state.get("extended"):  # the index was rebuilt
+                    data_state = {"consumed_samples": data_state["consumed_samples"]}
+                if state.get("extended"):
+                    self.log(f"train.steps raised to {self.cfg.train.steps}: the {p.consumed_samples} samples "
+                             "already seen come in the same order; extending the run")
+                batches.load_state_dict(data_state)
+        self.log(f"loaded {state['loaded_from']} at step {p.step} ({p.consumed_samples} samples)")
+        redone = drop_metrics_after(self.cfg.output_dir, p.step) if self.rank == 0 else []
+        if redone:
+            self.log(f"metrics.jsonl: removed the records of steps {redone[0]}-{redone[-1]}, which this launch "
+                     "trains again")
+        return state
+
+    def save(self, engine, progress, batches, task, bounds, val_loss: float | None) -> str:
+        """A checkpoint of this step, tagged `{phase}-step{N}`; returns the tag."""
+        p = progress
+        tag = f"{p.phase}-step{p.step}" if p.phase else f"step{p.step}"
+        client = {"step": p.step, "consumed_samples": p.consumed_samples, "consumed_tokens": p.consumed_tokens,
+                  "phase": p.phase, "phase_bounds": bounds, "data": batches.state_dict(),
+                  "data_fingerprint": task.order_fingerprint(batches, p.consumed_samples)}
+        path = save(engine, self.cfg, tag, client, val_loss, self.before_latest)
+        self.log(f"saved {path}")
+        return tag

@@ -1,0 +1,63 @@
+"""What a run reports: each log interval's training metrics and each validation, agreed over the
+ranks, into the log line, metrics.jsonl, MLflow (rank 0), and past the watches that warn about a
+diverging loss or solves that never converge; and the run's last line."""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from implicit_megatron.checkpoints.layout import checkpoint_dir
+from implicit_megatron.config import Config
+from implicit_megatron.tracking import Tracker, append_metrics, validation_text
+from implicit_megatron.train.guards import ConvergenceWatch, DivergenceWatch
+from implicit_megatron.train.step_metrics import reduce_over_ranks
+
+MEANS = ("train/loss", "train/grad_norm", "train/accuracy", "solver/iterations", "solver/converged_frac")
+
+
+class Reporter:
+    def __init__(self, cfg: Config, rank: int, device: torch.device, log) -> None:
+        self.cfg, self.rank, self.device, self.log = cfg, rank, device, log
+        self.tracker = Tracker(cfg, active=rank == 0)
+        self.convergence = ConvergenceWatch(cfg.train.warn_unconverged_intervals, log)
+        self.divergence = DivergenceWatch(cfg.model.vocab_size, checkpoint_dir(cfg))
+        self.last_eval: dict[str, float] = {}
+        self.last_eval_step: int | None = None
+
+    def report(self, metrics: dict[str, float], step: int, settings=None) -> None:
+        """Training metrics are averaged over the ranks (the solver's residual: the worst rank's);
+        validation results arrive reduced already. `settings`: the solver's, for the watches."""
+        if not metrics:
+            return
+        keys = [k for k in MEANS if k in metrics]
+        world = dist.get_world_size()
+        reduced = {k: v / world for k, v in zip(keys, reduce_over_ranks([metrics[k] for k in keys], self.device))}
+        if "solver/residual" in metrics:
+            (reduced["solver/residual"],) = reduce_over_ranks([metrics["solver/residual"]], self.device,
+                                                              dist.ReduceOp.MAX)
+        metrics = {**metrics, **reduced}
+        self.convergence.observe(metrics, settings, step)
+        if "train/loss" in metrics:
+            warning = self.divergence.observe(metrics["train/loss"], step)
+            if warning:
+                self.log(warning)
+        self.tracker.log(metrics, step)
+        if self.rank == 0:  # a plain record next to the checkpoints, for scripts and tests
+            append_metrics(self.cfg.output_dir, step, metrics)
+        shown = "  ".join(f"{k.split('/')[-1]} {v:.4g}" for k, v in metrics.items())
+        self.log(f"step {step}/{self.cfg.train.steps}  {shown}")
+
+    def validation(self, results: dict[str, float], step: int) -> None:
+        self.last_eval, self.last_eval_step = results, step
+        self.report(results, step)
+
+    def val_loss_at(self, step: int) -> float | None:
+        """The validation loss of the weights at `step`, where a validation ran there."""
+        return self.last_eval.get("val/loss") if self.last_eval_step == step else None
+
+    def summary(self, step: int, skipped: int) -> None:
+        measure = f": {validation_text(self.last_eval)}" if "val/loss" in self.last_eval else ""
+        skipped_text = (f"; {skipped} steps skipped with non-finite losses (their updates not applied)"
+                        if skipped else "")
+        self.log(f"done at step {step}{measure}{skipped_text}; checkpoints in {checkpoint_dir(self.cfg)}")

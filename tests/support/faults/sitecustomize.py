@@ -1,0 +1,36 @@
+"""Faults for the multi-process tests, injected into the processes a launcher starts.
+
+Python imports `sitecustomize` at start-up from the first folder of sys.path that has one; a test
+puts this folder on PYTHONPATH and names its faults in TEST_FAULTS (support.processes.faults):
+
+    {"nan_loss_at_step": 4}              the loss of that step (from 1) is made NaN before backward
+    {"loss_jump_at_step": 3}             that step's reported losses are made 1000x (a jump only)
+    {"crash_before_latest": "free-step12"}  the process dies as a kill would once every rank has
+                                         written that checkpoint, before `latest` names it
+
+They are training callbacks (implicit_megatron.train.callbacks): the project itself reads no fault
+settings.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+_FAULTS = json.loads(os.environ.get("TEST_FAULTS") or "{}")
+
+if _FAULTS:
+    from implicit_megatron.train import callbacks
+
+    class _Faults(callbacks.Callback):
+        def on_loss(self, step, loss):
+            return loss * float("nan") if step == _FAULTS.get("nan_loss_at_step") else loss
+
+        def on_step_losses(self, step, losses):
+            return [loss * 1000.0 for loss in losses] if step == _FAULTS.get("loss_jump_at_step") else losses
+
+        def before_latest(self, tag):
+            if tag == _FAULTS.get("crash_before_latest"):
+                os._exit(137)
+
+    callbacks.register(_Faults())
