@@ -188,7 +188,7 @@ class ScheduleConfig:
     warmup_steps: int = 2000
     cooldown_start: float = 0.9  # fraction of train.steps (Llama: start of the free phase)
     min_lr: float = 1e-5
-    cooldown: Literal["sqrt", "linear"] = "sqrt"  # the shape of the decay to min_lr
+    cooldown: Literal["sqrt", "linear", "cosine"] = "sqrt"  # the shape of the decay to min_lr
 
 
 @dataclass

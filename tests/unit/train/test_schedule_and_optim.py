@@ -81,3 +81,24 @@ def test_released_state_tracking_schedule_is_transformers_linear_schedule():
         assert learning_rate(step, cfg) == pytest.approx(want, rel=1e-9, abs=1e-15), step
     assert [(p.name, p.kind, start, end) for p, start, end in phase_bounds(cfg)] == [
         ("warmup", "unrolled", 0, 4005), ("deq", "free", 4005, 16384)]
+
+
+def test_cosine_cooldown_to_min_lr():
+    """schedule.cooldown: cosine: half a cosine from the peak to min_lr over the cooldown; with the
+    cooldown starting at the end of the warmup it is transformers' cosine schedule lifted to min_lr."""
+    import torch
+    from transformers import get_cosine_schedule_with_warmup
+
+    cfg = load_config(ROOT / "configs/tiny/mamba2-implicit.yaml",
+                      ["train.steps=1000", "schedule.warmup_steps=100", "schedule.cooldown_start=0.1",
+                       "schedule.cooldown=cosine", "schedule.min_lr=1.0e-5", "optimizer.lr=3.0e-3"],
+                      check_files=False)
+    peak, floor = 3e-3, 1e-5
+    assert learning_rate(99, cfg) == pytest.approx(peak)
+    assert learning_rate(100, cfg) == pytest.approx(peak)  # the cooldown's first step
+    assert learning_rate(550, cfg) == pytest.approx(floor + (peak - floor) * 0.5)  # half-way: the mean
+    assert learning_rate(999, cfg) == pytest.approx(floor + (peak - floor) * 0.5 * (1 + math.cos(math.pi * 899 / 900)))
+    theirs = get_cosine_schedule_with_warmup(torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=peak),
+                                             100, 1000).lr_lambdas[0]
+    for step in (100, 250, 550, 800, 999):
+        assert learning_rate(step, cfg) - floor == pytest.approx((peak - floor) * theirs(step), rel=1e-9)
