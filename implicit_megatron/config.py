@@ -247,10 +247,19 @@ class CheckpointConfig:
 
 
 @dataclass
+class WandbConfig:
+    project: str | None = None  # None: no Weights & Biases (the `wandb` extra installs it)
+    mode: Literal["offline", "online"] = "offline"  # offline: <output_dir>/wandb, uploaded by `wandb sync`
+    entity: str | None = None
+
+
+@dataclass
 class TrackingConfig:
-    enabled: bool = True
+    enabled: bool = True  # MLflow
     uri: str | None = None  # None: a local sqlite store in train.output_dir
     experiment: str = "implicit-megatron"
+    tensorboard: bool = False  # every metric also into <output_dir>/tensorboard/ (rank 0)
+    wandb: WandbConfig = field(default_factory=WandbConfig)
 
 
 @dataclass

@@ -21,6 +21,7 @@ import uuid
 from pathlib import Path
 
 from implicit_megatron.config import Config
+from implicit_megatron.dashboards import Dashboards
 
 RUN_ID_FILE = "mlflow_run_id"
 METRICS_FILE = "metrics.jsonl"
@@ -99,10 +100,13 @@ def local_store(out: Path) -> Path:
 
 
 class Tracker:
-    """Does nothing on ranks other than 0 or when tracking is disabled; never stops the run."""
+    """MLflow (tracking.enabled) and the dashboards a config asks for (TensorBoard, Weights & Biases),
+    on rank 0; does nothing elsewhere, and never stops the run."""
 
     def __init__(self, cfg: Config, active: bool):
         self.run_id = None
+        self.cfg, self.active = cfg, active
+        self.dashboards = Dashboards()
         if not (active and cfg.tracking.enabled):
             return
         try:
@@ -150,7 +154,13 @@ class Tracker:
             self.client.log_batch(self.run_id, params=params[i:i + 100])
         self.client.log_artifact(self.run_id, str(out / "config.yaml"))  # written by the trainer
 
+    def begin(self, step: int) -> None:
+        """Training starts (again) at `step`: the dashboards open, a resumed one continuing its curves."""
+        if self.active:
+            self.dashboards.start(self.cfg, step)
+
     def log(self, metrics: dict[str, float], step: int) -> None:
+        self.dashboards.log(metrics, step)
         if self.run_id is None:
             return
         from mlflow.entities import Metric
@@ -163,6 +173,7 @@ class Tracker:
             self.run_id = None
 
     def finish(self, status: str = "FINISHED") -> None:
+        self.dashboards.finish(status)
         if self.run_id is not None:
             try:
                 self.client.set_terminated(self.run_id, status=status)

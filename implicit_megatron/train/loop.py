@@ -115,6 +115,7 @@ class Trainer:
             self.reporter.tracker.finish("FINISHED")
             return
         status, t, p = "FINISHED", self.cfg.train, self.progress
+        self.reporter.tracker.begin(start)
         try:
             self.interval.reset()
             for step in range(start, end):

@@ -84,3 +84,44 @@ def test_any_other_tracking_failure_leaves_the_run_without_mlflow(tmp_path, caps
     tracker.log({"train/loss": 1.0}, 1)
     assert tracker.run_id is None
     assert "MLflow tracking is off for this launch" in capsys.readouterr().out
+
+
+def test_tensorboard_continues_a_resumed_run_at_the_right_steps(tmp_path):
+    """A launch logs steps 1-4, a resume from step 2 logs 3-5: TensorBoard's reader shows one curve,
+    steps 1-5, the resumed launch's values at 3 and 4."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    cfg = load_config(ROOT / "configs/tiny/mamba2-implicit.yaml",
+                      [f"train.output_dir={tmp_path}", "tracking.enabled=false", "tracking.tensorboard=true"],
+                      check_files=False)
+    first = Tracker(cfg, active=True)
+    first.begin(0)
+    for step in range(1, 5):
+        first.log({"train/loss": 10.0 - step}, step)
+    first.finish("KILLED")
+    again = Tracker(cfg, active=True)
+    again.begin(2)
+    for step in range(3, 6):
+        again.log({"train/loss": 100.0 + step}, step)
+    again.finish()
+    events = EventAccumulator(str(tmp_path / "tensorboard"))
+    events.Reload()
+    assert [(e.step, e.value) for e in events.Scalars("train/loss")] == [
+        (1, 9.0), (2, 8.0), (3, 103.0), (4, 104.0), (5, 105.0)]
+    assert not Tracker(cfg, active=False).dashboards.writers  # other ranks write nothing
+
+
+def test_weights_and_biases_offline_writes_a_run_that_a_resume_continues(tmp_path):
+    pytest.importorskip("wandb")
+    cfg = load_config(ROOT / "configs/tiny/mamba2-implicit.yaml",
+                      [f"train.output_dir={tmp_path}", "tracking.enabled=false", "tracking.wandb.project=tests",
+                       "tracking.wandb.mode=offline"], check_files=False)
+    for start, steps in ((0, (1, 2)), (2, (3,))):
+        tracker = Tracker(cfg, active=True)
+        tracker.begin(start)
+        for step in steps:
+            tracker.log({"train/loss": float(step)}, step)
+        tracker.finish()
+    run_id = (tmp_path / "wandb_run_id").read_text().strip()
+    runs = sorted((tmp_path / "wandb").glob(f"offline-run-*-{run_id}"))
+    assert len(runs) == 2 and all((r / f"run-{run_id}.wandb").is_file() for r in runs)  # one run, resumed
