@@ -276,6 +276,7 @@ class TrainConfig:
     warn_unconverged_intervals: int = 5  # warn when no solve converged in this many log intervals (0: never)
     peak_tflops: float | None = None  # per device, for MFU; None: looked up from the GPU's name
     compile: bool = False  # torch.compile each backbone block (Backbone.compile_blocks)
+    timers: bool = False  # log where a step's time goes; synchronises the device between sections
 
 
 @dataclass

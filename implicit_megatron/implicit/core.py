@@ -97,6 +97,11 @@ class ImplicitCore(nn.Module):
         self._pool = None  # the solver graphs' memory pool
         self._seen: dict[tuple, int] = {}  # forwards per input shape (graphs for recurring shapes only)
         self._logged: set[str] = set()
+        self.timer = None  # name -> a context manager timing the solve and the phantom passes (train.timers)
+
+    def _timed(self, name: str):
+        """The trainer's timer around a part of a training forward (evaluation is not timed)."""
+        return self.timer(name) if self.timer is not None and self.training else contextlib.nullcontext()
 
     @property
     def implicit(self) -> bool:
@@ -131,14 +136,14 @@ class ImplicitCore(nn.Module):
         if s.gradient != "phantom" and torch.is_grad_enabled():
             return self._unrolled(f, z0, s.damping if s.gradient == "unrolled_damped" else 1.0)
         cap, tol = s.cap(self.training), s.stop_tol(self.training)
-        with torch.no_grad(), self._weights_once(with_gradient=False):
+        with self._timed("solve"), torch.no_grad(), self._weights_once(with_gradient=False):
             if s.released_eval(self.training):  # the paper's evaluation
                 z, self.last_stats = released_solve(f, z0, cap, tol, s.damping, self.group)
                 return z
             z_star, stats = solve(f, z0, cap, tol, s.anderson, self.group)
         if not self._finish_solve(stats):  # evaluation returns the fixed point itself, as torchdeq does
             return z_star
-        with self._weights_once(with_gradient=True):
+        with self._timed("phantom"), self._weights_once(with_gradient=True):
             return phantom_steps(f, z_star, s.phantom_steps, s.damping)
 
     def _finish_solve(self, stats: SolverStats) -> bool:
@@ -197,17 +202,19 @@ class ImplicitCore(nn.Module):
         key = ("solve", _shape(z0), _shape(inj), _shape(seq_idx))
         solver = self._captured(key, lambda: graphs_lib.SolverGraphs(self.backbone, norms, z0, inj, seq_idx,
                                                                      self._solver_pool()))
-        solver.start(inj, seq_idx)
-        z_star, stats = solve_with(solver.step, z0, s.cap(self.training), s.stop_tol(self.training),
-                                   s.anderson, self.group)
-        z_star, stats.residual = z_star.clone(), stats.residual.clone()
+        with self._timed("solve"):
+            solver.start(inj, seq_idx)
+            z_star, stats = solve_with(solver.step, z0, s.cap(self.training), s.stop_tol(self.training),
+                                       s.anderson, self.group)
+            z_star, stats.residual = z_star.clone(), stats.residual.clone()
         if not self._finish_solve(stats):
             return z_star
-        if not torch.is_grad_enabled() or not s.phantom_steps:
-            with norms.reading() if norms is not None else contextlib.nullcontext():
-                return phantom_steps(lambda z: self.backbone(z, inj, seq_idx=seq_idx), z_star, s.phantom_steps,
-                                     s.damping)
-        return self._grad_graphs(z_star, inj, seq_idx, s.phantom_steps, s.damping)(z_star, inj, seq_idx)
+        with self._timed("phantom"):
+            if not torch.is_grad_enabled() or not s.phantom_steps:
+                with norms.reading() if norms is not None else contextlib.nullcontext():
+                    return phantom_steps(lambda z: self.backbone(z, inj, seq_idx=seq_idx), z_star,
+                                         s.phantom_steps, s.damping)
+            return self._grad_graphs(z_star, inj, seq_idx, s.phantom_steps, s.damping)(z_star, inj, seq_idx)
 
     def _use_graphs(self, x: torch.Tensor, seq_idx: torch.Tensor | None) -> bool:
         """Graphs for this forward? Not for the released evaluation rule and unrolled gradients

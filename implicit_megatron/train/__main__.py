@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 from implicit_megatron.prelaunch import load_config
-from implicit_megatron.train import stopping
+from implicit_megatron.train import quiet, stopping
 from implicit_megatron.utils.typed_yaml import ConfigError
 
 
@@ -54,6 +54,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _run(args, seen_output) -> int:
     first = int(os.environ.get("RANK", "0")) == 0  # the rank that speaks for all
+    quiet.settle(int(os.environ.get("RANK", "0")))
     try:
         cfg = load_config(args.config, args.overrides, world_size=int(os.environ.get("WORLD_SIZE", "1")),
                           check_data=True)

@@ -37,6 +37,7 @@ from implicit_megatron.train.reporting import Reporter
 from implicit_megatron.train.schedule import learning_rate
 from implicit_megatron.train.step_metrics import IntervalMetrics, step_flags
 from implicit_megatron.train.tasks import build_task
+from implicit_megatron.train.timers import StepTimers
 from implicit_megatron.train.validation import accuracy, evaluate, lm_loss
 
 
@@ -78,6 +79,8 @@ class Trainer:
         self.loss_jump = LossJumpGuard(cfg.checkpoint.max_loss_jump, self.log)
         self.preemption = stopping.Preemption(cfg.output_dir, self.rank)
         self.interval = IntervalMetrics()
+        self.timers = StepTimers(cfg.train.timers, self.engine.device)
+        self.engine.module.core.timer = self.timers.section if cfg.train.timers else None
         self.peak_flops = peak_flops_per_device(cfg)
         self.eod_id = load_tokenizer(cfg.data.tokenizer).eod_id if cfg.model.separate_documents else None
 
@@ -115,7 +118,7 @@ class Trainer:
             self.reporter.tracker.finish("FINISHED")
             return
         status, t, p = "FINISHED", self.cfg.train, self.progress
-        self.reporter.tracker.begin(start)
+        self.reporter.begin(start, end)
         try:
             self.interval.reset()
             for step in range(start, end):
@@ -156,17 +159,22 @@ class Trainer:
             group["lr"] = lr
         losses, correct, residual, converged, passes, phantom = [], [], [], [], 0, 0
         grad_norm = None
+        timed = self.timers.section
         for _ in range(self.accum):
-            inputs, labels = (t.to(self.engine.device) for t in self.task.inputs_and_targets(next(self.batches)))
-            if self.task.reports_accuracy:
-                logits = self.forward(inputs)
-                loss = lm_loss(logits, labels)
-                correct.append(accuracy(logits, labels, self.cfg.model.vocab_size))
-            else:
-                loss = self.forward(inputs, labels)
+            with timed("data"):
+                inputs, labels = (t.to(self.engine.device)
+                                  for t in self.task.inputs_and_targets(next(self.batches)))
+            with timed("forward"):
+                if self.task.reports_accuracy:
+                    logits = self.forward(inputs)
+                    loss = lm_loss(logits, labels)
+                    correct.append(accuracy(logits, labels, self.cfg.model.vocab_size))
+                else:
+                    loss = self.forward(inputs, labels)
             for callback in self.callbacks:
                 loss = callback.on_loss(step + 1, loss)
-            self.engine.backward(loss)
+            with timed("backward"):
+                self.engine.backward(loss)
             losses.append(loss.detach().float())
             if self.engine.is_gradient_accumulation_boundary():
                 grad_norm = self._grad_norm()
@@ -174,12 +182,14 @@ class Trainer:
                                                             self.engine.device)
                 if not finite:
                     self._drop_gradients()
-            self.engine.step()
+            with timed("optimizer"):
+                self.engine.step()
             stats = self.engine.module.core.last_stats
             if stats is not None:
                 passes, phantom = passes + stats.passes, phantom + stats.phantom_passes
                 residual.append(stats.residual.detach().float().max())
                 converged.append(stats.converged.float().mean())
+        self.timers.count_step()
         p = self.progress
         p.step += 1
         p.consumed_samples += self.cfg.train.global_batch_size
@@ -209,17 +219,19 @@ class Trainer:
         if not metrics:
             return {}
         metrics.update({"train/lr": learning_rate(self.progress.step - 1, self.cfg),
-                        "train/consumed_samples": self.progress.consumed_samples})
+                        "train/consumed_samples": self.progress.consumed_samples, **self.timers.read()})
         if torch.cuda.is_available():
             metrics["memory/max_allocated_gib"] = torch.cuda.max_memory_allocated() / 2**30
         return metrics
 
     def evaluate(self) -> dict[str, float]:
-        return evaluate(self.engine, self.task, self.forward, self.cfg.model.vocab_size, self.rank, self.world)
+        with self.interval.paused():
+            return evaluate(self.engine, self.task, self.forward, self.cfg.model.vocab_size, self.rank, self.world)
 
     def save(self) -> str:
-        return self.checkpointer.save(self.engine, self.progress, self.batches, self.task, self.phases.recorded(),
-                                      self.reporter.val_loss_at(self.progress.step))
+        with self.interval.paused():
+            return self.checkpointer.save(self.engine, self.progress, self.batches, self.task,
+                                          self.phases.recorded(), self.reporter.val_loss_at(self.progress.step))
 
     def log(self, message: str) -> None:
         if self.rank == 0:

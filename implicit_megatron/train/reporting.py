@@ -4,6 +4,10 @@ diverging loss or solves that never converge; and the run's last line."""
 
 from __future__ import annotations
 
+import resource
+import sys
+import time
+
 import torch
 import torch.distributed as dist
 
@@ -11,6 +15,7 @@ from implicit_megatron.checkpoints.layout import checkpoint_dir
 from implicit_megatron.config import Config
 from implicit_megatron.tracking import Tracker, append_metrics, validation_text
 from implicit_megatron.train.guards import ConvergenceWatch, DivergenceWatch
+from implicit_megatron.train.log_line import timers_line, training_line, validation_lines
 from implicit_megatron.train.step_metrics import reduce_over_ranks
 
 MEANS = ("train/loss", "train/grad_norm", "train/accuracy", "solver/iterations", "solver/converged_frac")
@@ -24,6 +29,12 @@ class Reporter:
         self.divergence = DivergenceWatch(cfg.model.vocab_size, checkpoint_dir(cfg))
         self.last_eval: dict[str, float] = {}
         self.last_eval_step: int | None = None
+        self.first_step, self.last_step, self.started = 0, cfg.train.steps, time.monotonic()
+
+    def begin(self, start: int, end: int) -> None:
+        """This launch trains steps start+1..end: elapsed time and the ETA (to `end`) count from here."""
+        self.first_step, self.last_step, self.started = start, end, time.monotonic()
+        self.tracker.begin(start)
 
     def report(self, metrics: dict[str, float], step: int, settings=None) -> None:
         """Training metrics are averaged over the ranks (the solver's residual: the worst rank's);
@@ -36,21 +47,33 @@ class Reporter:
         if "solver/residual" in metrics:
             (reduced["solver/residual"],) = reduce_over_ranks([metrics["solver/residual"]], self.device,
                                                               dist.ReduceOp.MAX)
-        metrics = {**metrics, **reduced}
+        metrics = {**metrics, **reduced, "memory/host_rss_gib": peak_host_rss_gib()}
         self.convergence.observe(metrics, settings, step)
         if "train/loss" in metrics:
             warning = self.divergence.observe(metrics["train/loss"], step)
             if warning:
                 self.log(warning)
+        self._record(metrics, step)
+        elapsed = time.monotonic() - self.started
+        done = step - self.first_step
+        eta = elapsed / done * (self.last_step - step) if done > 0 else None
+        self.log(training_line(metrics, step, self.cfg.train.steps, elapsed, eta))
+        timers = {k: v for k, v in metrics.items() if k.startswith("timers/")}
+        if timers:
+            self.log(timers_line(timers))
+
+    def validation(self, results: dict[str, float], step: int) -> None:
+        """Results arrive reduced over the ranks already."""
+        self.last_eval, self.last_eval_step = results, step
+        if results:
+            self._record(results, step)
+            for line in validation_lines(results, step):
+                self.log(line)
+
+    def _record(self, metrics: dict[str, float], step: int) -> None:
         self.tracker.log(metrics, step)
         if self.rank == 0:  # a plain record next to the checkpoints, for scripts and tests
             append_metrics(self.cfg.output_dir, step, metrics)
-        shown = "  ".join(f"{k.split('/')[-1]} {v:.4g}" for k, v in metrics.items())
-        self.log(f"step {step}/{self.cfg.train.steps}  {shown}")
-
-    def validation(self, results: dict[str, float], step: int) -> None:
-        self.last_eval, self.last_eval_step = results, step
-        self.report(results, step)
 
     def val_loss_at(self, step: int) -> float | None:
         """The validation loss of the weights at `step`, where a validation ran there."""
@@ -61,3 +84,9 @@ class Reporter:
         skipped_text = (f"; {skipped} steps skipped with non-finite losses (their updates not applied)"
                         if skipped else "")
         self.log(f"done at step {step}{measure}{skipped_text}; checkpoints in {checkpoint_dir(self.cfg)}")
+
+
+def peak_host_rss_gib() -> float:
+    """This process's peak resident memory (Linux reports ru_maxrss in KiB, macOS in bytes)."""
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak / 2**30 if sys.platform == "darwin" else peak / 2**20

@@ -10,6 +10,7 @@ the solver's own stop rule reads one number per pass in a free phase, which it n
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 
@@ -65,6 +66,16 @@ class IntervalMetrics:
         self.steps = self.micro_batches = self.passes = 0
         self.flops = 0.0
         self.started = time.perf_counter()
+        self.excluded = 0.0  # seconds of validation and checkpointing within the interval
+
+    @contextlib.contextmanager
+    def paused(self):
+        """Time that is not training (validation, checkpoints): left out of ms/step and tokens/s."""
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.excluded += time.perf_counter() - start
 
     def add_step(self, losses: list[torch.Tensor], correct: list[torch.Tensor], residual: list[torch.Tensor],
                  converged: list[torch.Tensor], passes: int, grad_norm, flops: float) -> None:
@@ -91,7 +102,7 @@ class IntervalMetrics:
         norms = [t.to(device) for t in self.grad_norms]
         losses, correct, residual, converged, norms = read_on_host(self.losses, self.correct, self.residual,
                                                                    self.converged, norms)
-        seconds = time.perf_counter() - self.started  # the read waited for the GPU: the work is done
+        seconds = time.perf_counter() - self.started - self.excluded  # the read waited for the GPU: the work is done
         metrics = {"train/loss": sum(losses) / len(losses),
                    "train/tokens_per_s": tokens_per_step * self.steps / seconds,
                    "train/step_seconds": seconds / self.steps}

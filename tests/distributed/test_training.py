@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import shutil
 import signal
 import subprocess
@@ -247,11 +248,26 @@ def test_resume_with_a_fresh_optimizer_follows_the_zero_stage_advice(shakespeare
 @pytest.mark.distributed
 @pytest.mark.parametrize("stage", [0, 2])
 def test_a_nonfinite_step_is_skipped_and_training_goes_on(stage, shakespeare_shards, tmp_path):
+    """... and the launch's log reads at a glance: one line per interval, validation apart, where the
+    time went (train.timers), and no line repeated per rank by the libraries or by us."""
     args = overrides(shakespeare_shards, tmp_path, "train.steps=6", "tracking.enabled=false", "train.eval_interval=6",
-                     f"distributed.zero_stage={stage}")
+                     f"distributed.zero_stage={stage}", "train.timers=true")
     result = run_torchrun("-m", "implicit_megatron.train", TINY, *args, **faults(nan_loss_at_step=3))
     assert result.returncode == 0, result.stdout[-3000:]
     assert "step 3: non-finite loss (1 in a row)" in result.stdout
+    out = result.stdout
+    assert "Setting accelerator to CPU" not in out and "Warning" not in out, out[-3000:]
+    assert out.count("CUDA graphs off: the tensors are on cpu") == 1
+    lines = out.splitlines()
+    last = next(line for line in lines if line.startswith("[train] step 6/6 | "))
+    assert re.fullmatch(r"\[train\] step 6/6 \| loss \d+\.\d{4} \| lr \d\.\d\de-\d\d \| grad \S+ \| passes [\d.]+ res "
+                        r"\S+ conv \d+% \| [\d,]+ ms/step \| [\d,]+ tok/s \| RSS \d+\.\d GiB \| \d:\d\d:\d\d elapsed, "
+                        r"ETA 0:00:00", last), last
+    timers = lines[lines.index(last) + 1]
+    assert re.fullmatch(r"\[train\] time per step \(ms\): data [\d.]+ \| forward [\d.,]+ \(solve [\d.,]+, phantom "
+                        r"[\d.,]+\) \| backward [\d.,]+ \| optimizer [\d.,]+", timers), timers
+    assert any(re.fullmatch(r"\[train\] val  step 6 \| loss \d+\.\d{4} \| ppl [\d.]+ \| passes .*", line)
+               for line in lines), out[-3000:]
     losses = {step: row["train/loss"] for step, row in records(tmp_path).items()}
     assert 3 not in losses  # a non-finite step is reported as such, not as metrics
     assert all(math.isfinite(losses[s]) for s in (1, 2, 4, 5, 6))  # the NaN gradients were never applied

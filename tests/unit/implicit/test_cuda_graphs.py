@@ -5,6 +5,7 @@ the weights in place between steps, as DeepSpeed's loop does."""
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import logging
 
@@ -53,9 +54,21 @@ def graph_model(make_model, arch: str, target, mode: str = "(4+1)", *overrides: 
     return model.to(device=device, dtype=dtype).train()
 
 
+class TimedSections:
+    """The trainer's timer (train.timers) as the core sees it: records which parts it timed."""
+
+    def __init__(self) -> None:
+        self.names: list[str] = []
+
+    def __call__(self, name: str):
+        self.names.append(name)
+        return contextlib.nullcontext()
+
+
 def train(model, graphs: str, batches, steps: int = 3, set_to_none: bool = True):
     """Per step: the losses and every accumulated gradient; SGD updates the weights in place."""
     model.core.cuda_graphs = graphs
+    model.core.timer = TimedSections()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     history, passes = [], []
     for _ in range(steps):
@@ -95,6 +108,8 @@ def test_graphed_training_equals_eager(arch, make_model, target, mode):
         model.load_state_dict(state)
         graphed, passes = train(model, "on", data, steps, set_to_none)
         assert passes == eager_passes  # the free phase stops where the eager solver stops
+        timed = [] if mode == "explicit" else ["solve", "phantom"] * steps * micro_batches
+        assert model.core.timer.names == timed  # train.timers sees the graphed solve and phantom passes
         for (losses, grads), (eager_losses, eager_grads) in zip(graphed, eager, strict=True):
             assert all(abs(a - b) <= TOLERANCE[dtype] * abs(b) for a, b in zip(losses, eager_losses, strict=True))
             assert set(grads) == set(eager_grads)
