@@ -147,6 +147,8 @@ def validate(cfg: Config, fail, world_size: int | None = None) -> None:
     non_negative("optimizer.weight_decay", cfg.optimizer.weight_decay)
     non_negative("optimizer.grad_clip", cfg.optimizer.grad_clip)
     non_negative("train.eval_samples", t.eval_samples)
+    if t.exit_after_minutes is not None:
+        positive("train.exit_after_minutes", t.exit_after_minutes)
     positive("checkpoint.interval", cfg.checkpoint.interval)
     non_negative("checkpoint.keep_last", cfg.checkpoint.keep_last)
     if cfg.schedule.min_lr > cfg.optimizer.lr:

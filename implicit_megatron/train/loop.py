@@ -77,7 +77,7 @@ class Trainer:
         self.phases = Phases(cfg, self.log)
         self.reporter = Reporter(cfg, self.rank, self.engine.device, self.log)
         self.loss_jump = LossJumpGuard(cfg.checkpoint.max_loss_jump, self.log)
-        self.preemption = stopping.Preemption(cfg.output_dir, self.rank)
+        self.preemption = stopping.Preemption(cfg.output_dir, self.rank, cfg.train.exit_after_minutes)
         self.interval = IntervalMetrics()
         self.timers = StepTimers(cfg.train.timers, self.engine.device)
         self.engine.module.core.timer = self.timers.section if cfg.train.timers else None
@@ -128,7 +128,7 @@ class Trainer:
                     self.reporter.report(self.interval_metrics(), p.step, self.engine.module.core.settings)
                 if self.preemption.agreed:  # save at once, skip validation (grace periods are short)
                     self.preemption.record(p.step, None if p.nonfinite_steps else self.save())
-                    self.log(f"stopped by SIGTERM after step {p.step}")
+                    self.log(f"stopped by {self.preemption.why} after step {p.step}; launch again to resume")
                     status = "KILLED"
                     return
                 if p.nonfinite_steps:

@@ -6,19 +6,23 @@ initialisation included (it crashed the process); the handlers here only take no
 training runs, `Preemption` takes over: a SIGTERM, or STOP_FILE written by launch/pretrain.sh
 (which received one itself), asks for a stop; the ranks agree on it with the step's one host read
 (step_metrics.step_flags), save a checkpoint, and rank 0 writes PREEMPTED_FILE naming it, which
-tells launch/pretrain.sh that the stop was graceful.
+tells launch/pretrain.sh that the stop was graceful. `train.exit_after_minutes` asks for the same
+stop once that much time has passed since the rank started (Megatron's exit-duration), so that a run
+saves before its allocation ends rather than being killed mid-step.
 """
 
 from __future__ import annotations
 
 import json
 import signal
+import time
 from pathlib import Path
 
 STOP_FILE = "stop-requested"  # in the output folder: stop as SIGTERM would (written by launch/pretrain.sh)
 PREEMPTED_FILE = "preempted.json"  # in the output folder: this launch stopped early, with its checkpoint
 
 _requested = False
+STARTED = time.monotonic()  # this rank's start (the module is imported first thing): exit_after_minutes counts from it
 
 
 class StoppedDuringStartUp(BaseException):  # noqa: N818 - a stop, not an error: no "except Exception" holds it
@@ -43,10 +47,13 @@ def check() -> None:
 class Preemption:
     """A stop asked of this rank while it trains, and the agreement of all ranks on it."""
 
-    def __init__(self, output_dir: str | Path, rank: int) -> None:
+    def __init__(self, output_dir: str | Path, rank: int, exit_after_minutes: float | None = None) -> None:
         self.folder, self.rank = Path(output_dir), rank
-        self.requested = False  # this rank was asked (SIGTERM, STOP_FILE)
+        self.requested = False  # this rank was asked (SIGTERM, STOP_FILE, its time is up)
         self.agreed = False  # some rank was, as of the last step: every rank stops after it
+        self.minutes = exit_after_minutes
+        self.deadline = None if exit_after_minutes is None else STARTED + 60 * exit_after_minutes
+        self.reason = "SIGTERM"  # what asked, as rank 0 saw it
 
     def install(self) -> None:
         """Take over SIGTERM; a stop asked of an earlier launch is not one asked of this one."""
@@ -62,10 +69,17 @@ class Preemption:
         """Whether this rank was asked to stop (rank 0 also reads STOP_FILE)."""
         if self.rank == 0 and (self.folder / STOP_FILE).exists():
             self.requested = True
+        if not self.requested and self.deadline is not None and time.monotonic() >= self.deadline:
+            self.requested, self.reason = True, f"train.exit_after_minutes={self.minutes:g}"
         return self.requested
+
+    @property
+    def why(self) -> str:
+        return self.reason if self.requested else "another rank's stop request"
 
     def record(self, step: int, tag: str | None) -> None:
         """Rank 0: the stop was graceful, after `step`, with checkpoint `tag` (None: none saved)."""
         if self.rank == 0:
             (self.folder / STOP_FILE).unlink(missing_ok=True)
-            (self.folder / PREEMPTED_FILE).write_text(json.dumps({"step": step, "checkpoint": tag}) + "\n")
+            (self.folder / PREEMPTED_FILE).write_text(json.dumps({"step": step, "checkpoint": tag,
+                                                                 "reason": self.why}) + "\n")
