@@ -14,10 +14,11 @@ implicit.eval_tol, or at exactly max_iter passes with --fixed-depth); --phase, -
 Tasks: ppl (test-split perplexity at the first length), extrapolation (perplexity and
 per-position perplexity at every length), dynamics (solver passes and final relative residual),
 duality (greedy match and perplexity difference of simultaneous and sequential mode), lm_eval
-(lm-evaluation-harness; the paper's seven tasks by default, which need the Hub; offline, name
-local task YAMLs with --lm-eval-include). Writes results.json, results.md (the paper's table
-layouts) and PNG plots to --output (default: the run's evaluation/ folder); --run logs them to
-that run's MLflow store.
+(lm-evaluation-harness; the paper's seven tasks by default, which need the Hub or its data sets in
+the local cache: where they cannot be had, one line names the tasks and data sets missing before
+the model loads; offline, name local task YAMLs with --lm-eval-include). Each length's windows show
+a progress bar on stderr. Writes results.json, results.md (the paper's table layouts) and PNG plots
+to --output (default: the run's evaluation/ folder); --run logs them to that run's MLflow store.
 """
 
 from __future__ import annotations
@@ -79,6 +80,15 @@ def parse(argv: list[str] | None):
     return p.parse_args(argv)
 
 
+def progress_bars():
+    """A bar per length on stderr: redrawn as batches finish on a terminal, every 30 s in a log."""
+    from functools import partial
+
+    from tqdm import tqdm
+
+    return partial(tqdm, file=sys.stderr, dynamic_ncols=True, mininterval=0.1 if sys.stderr.isatty() else 30.0)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
     from implicit_megatron.checkpoints import safe_load
@@ -100,8 +110,8 @@ def main(argv: list[str] | None = None) -> int:
                           dtype=args.dtype, solver=SolverChoice(args.phase, args.max_iter, args.tol, args.fixed_depth),
                           lm_eval=lm_eval, run_dir=args.run_dir)
     try:
-        results = run_evaluation(options)
-    except (NotAModelError, FileNotFoundError, ValueError, ConfigError, ImportError) as err:
+        results = run_evaluation(options, bars=progress_bars())
+    except (NotAModelError, FileNotFoundError, ConnectionError, ValueError, ConfigError, ImportError) as err:
         print(f"evaluate: {err}", file=sys.stderr)
         return 2
     out = Path(results["files"][0]).parent

@@ -9,7 +9,8 @@
 Each model is a config of configs/state_tracking/ (explicit-Nl: mamba2-explicit[-Nl].yaml; implicit:
 mamba2-implicit.yaml, one layer self-iterated; with --recipe released, released.yaml: the released
 warm-up of unrolled damped passes first). Each (model, seed) trains through launch/pretrain.sh into
-OUTPUT/TAG/<model>/seed<k>; a finished run is not trained again. Then every final checkpoint is
+OUTPUT/TAG/<model>/seed<k>, its progress on stderr as it trains (a bar on a terminal; in a log, its
+step and loss at most every 30 s); a finished run is not trained again. Then every final checkpoint is
 tested here, on words the training never saw, at each test length (training p) and at eval-p
 (training length): accuracy over every position and over the last 10, passes per forward (an
 implicit model iterates until the batch's relative change is below its tolerance, up to its
@@ -38,7 +39,6 @@ import json
 import math
 import os
 import shlex
-import subprocess
 import sys
 import zlib
 from dataclasses import replace
@@ -93,15 +93,19 @@ def finished(out: Path, steps: int) -> bool:
 
 
 def train(model: str, seed: int, args: argparse.Namespace, out: Path) -> None:
+    """Train one (model, seed) through the launcher, its progress on stderr as it trains."""
+    from implicit_megatron.utils.train_progress import run_with_progress
+
     if finished(out, args.steps):
         print(f"[state_tracking] {model} seed {seed}: finished run in {out}, not trained again", flush=True)
         return
     print(f"[state_tracking] {model} seed {seed}: training into {out}", flush=True)
     env = {**os.environ, "NPROC": str(args.nproc), "PYTHON": sys.executable}
-    result = subprocess.run(["bash", "launch/pretrain.sh", str(config_of(model, args.recipe)),
-                             *overrides(args, model, out, seed)], cwd=ROOT, env=env, capture_output=True, text=True)
+    result = run_with_progress(["bash", "launch/pretrain.sh", str(config_of(model, args.recipe)),
+                                *overrides(args, model, out, seed)], f"[state_tracking] {model} seed {seed}",
+                               cwd=ROOT, env=env)
     if result.returncode != 0:
-        raise SystemExit(f"state_tracking: {model} seed {seed} failed:\n{result.stdout[-3000:]}{result.stderr[-3000:]}")
+        raise SystemExit(f"state_tracking: {model} seed {seed} failed:\n{result.stdout[-6000:]}")
 
 
 def test_sets(args: argparse.Namespace) -> dict[str, tuple[int, float | None, int]]:

@@ -1,8 +1,9 @@
 """lm-evaluation-harness tasks through our adapter or through transformers' "hf" model.
 
-The paper's seven tasks need their data sets from the Hub. Offline, `include_path` names a
-folder of local task YAMLs (with jsonl data); then only those tasks are loaded, which also keeps
-start-up fast. The "hf" backend runs an exported folder through AutoModelForCausalLM with
+The paper's seven tasks need their data sets from the Hub, or from the local cache where the Hub
+cannot be reached (lm_eval_data.py says in one line which are missing). Offline, `include_path`
+names a folder of local task YAMLs (with jsonl data); then only those tasks are loaded, which also
+keeps start-up fast. The "hf" backend runs an exported folder through AutoModelForCausalLM with
 trust_remote_code=True, set to the same solver phase as our adapter.
 """
 
@@ -11,6 +12,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
+from implicit_megatron.evaluation.lm_eval_data import check_tasks
 from implicit_megatron.evaluation.loading import LoadedModel
 from implicit_megatron.evaluation.phases import apply_solver
 
@@ -62,19 +64,10 @@ def hf_lm(loaded: LoadedModel, options: LmEvalOptions):
 
 def run_lm_eval(loaded: LoadedModel, options: LmEvalOptions) -> dict:
     """{"backend", "tasks": {task: {metric: value}}, "n_samples": {task: count}}."""
-    os.environ.setdefault("HF_DATASETS_OFFLINE", "1" if options.include_path else "0")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    manager = check_tasks(options)  # sets the download mode before lm_eval imports datasets
     from lm_eval import simple_evaluate
-    from lm_eval.tasks import TaskManager
 
-    include_defaults = options.include_defaults
-    if include_defaults is None:
-        include_defaults = options.include_path is None
-    manager = TaskManager(include_path=options.include_path, include_defaults=include_defaults)
-    unknown = [t for t in options.tasks if t not in manager.all_tasks]
-    if unknown:
-        where = options.include_path or "lm-eval's default tasks"
-        raise ValueError(f"unknown lm-eval task(s) {', '.join(unknown)} in {where}")
     out = simple_evaluate(model=build_lm(loaded, options), tasks=list(options.tasks), task_manager=manager,
                           limit=options.limit, num_fewshot=options.num_fewshot, log_samples=False,
                           bootstrap_iters=0, batch_size=options.batch_size)

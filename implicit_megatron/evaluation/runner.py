@@ -21,6 +21,7 @@ import torch
 from implicit_megatron.evaluation import plots, report
 from implicit_megatron.evaluation.duality import compare_modes
 from implicit_megatron.evaluation.dynamics import summarize
+from implicit_megatron.evaluation.lm_eval_data import check_tasks
 from implicit_megatron.evaluation.lm_eval_run import LmEvalOptions, run_lm_eval
 from implicit_megatron.evaluation.loading import LoadedModel, classify, load_model
 from implicit_megatron.evaluation.merge import merge_into, remove_stale_plots
@@ -55,7 +56,7 @@ class EvalOptions:
 
 
 def check_options(options: EvalOptions) -> None:
-    """Refuse bad task names and missing data before a model is loaded."""
+    """Refuse bad task names and missing data (shards, lm-eval data sets) before a model is loaded."""
     unknown = [t for t in options.tasks if t not in TASKS]
     if unknown or not options.tasks:
         raise ValueError(f"unknown task(s) {', '.join(unknown) or '(none given)'}; choose from {', '.join(TASKS)}")
@@ -66,6 +67,8 @@ def check_options(options: EvalOptions) -> None:
     if options.dtype not in DTYPES:
         raise ValueError(f"unknown dtype {options.dtype!r}; choose from {', '.join(DTYPES)}")
     classify(options.model)
+    if "lm_eval" in options.tasks:  # unknown tasks, or data that cannot be had offline, in one line
+        check_tasks(options.lm_eval)
 
 
 def default_output(loaded: LoadedModel) -> Path:
@@ -90,8 +93,8 @@ def vocabulary_mismatch(prefix: str, top: int, vocab: int, loaded: LoadedModel) 
 class Evaluation:
     """One model on one data prefix; each result is computed at most once."""
 
-    def __init__(self, options: EvalOptions, log: Callable[[str], None]):
-        self.options, self.log = options, log
+    def __init__(self, options: EvalOptions, log: Callable[[str], None], bars: Callable | None = None):
+        self.options, self.log, self.bars = options, log, bars
         self.loaded = load_model(options.model, options.device, DTYPES[options.dtype], options.solver)
         cfg = self.loaded.cfg
         self.train_len = cfg.data.seq_len
@@ -111,12 +114,21 @@ class Evaluation:
         if length not in self._nll:
             start = time.time()
             windows = self.windows(length, self.options.max_windows)
-            self._nll[length] = token_nll(self.loaded.model, windows, self.options.batch_size,
-                                          progress=lambda done: self.log(f"length {length}: {done}/{len(windows)} "
-                                                                         f"windows ({time.time() - start:.0f} s)"))
+            self._nll[length] = self._measure(length, windows, start)
             self.log(f"simultaneous mode, length {length}: {len(windows)} windows, ppl "
                      f"{self._nll[length].ppl:.3f} ({time.time() - start:.1f} s)")
         return self._nll[length]
+
+    def _measure(self, length: int, windows: torch.Tensor, start: float) -> NLLResult:
+        """token_nll with a progress bar for the length (`bars`), or a log line every 30 s."""
+        model, batch_size = self.loaded.model, self.options.batch_size
+        if self.bars is None:
+            return token_nll(model, windows, batch_size, progress=lambda done: self.log(
+                f"length {length}: {done}/{len(windows)} windows ({time.time() - start:.0f} s)"))
+        with self.bars(desc=f"[evaluate] length {length}", total=len(windows), unit="window") as bar:
+            result = token_nll(model, windows, batch_size, progress=lambda done: bar.update(done - bar.n), every=0.0)
+            bar.update(len(windows) - bar.n)
+        return result
 
     def sequential(self) -> tuple[NLLResult, SequentialResult]:
         """Both modes on the same windows of the first length, batched alike."""
@@ -166,11 +178,13 @@ class Evaluation:
                 "train_seq_len": self.train_len}
 
 
-def run_evaluation(options: EvalOptions, log: Callable[[str], None] | None = None) -> dict:
-    """Run the tasks, write the output files, log to MLflow; returns the results dict."""
+def run_evaluation(options: EvalOptions, log: Callable[[str], None] | None = None,
+                   bars: Callable | None = None) -> dict:
+    """Run the tasks, write the output files, log to MLflow; returns the results dict. `bars`: a
+    progress bar factory (tqdm's signature) for each length's windows; None logs every 30 s instead."""
     log = log or (lambda message: print(f"[evaluate] {message}", file=sys.stderr, flush=True))
     check_options(options)
-    evaluation = Evaluation(options, log)
+    evaluation = Evaluation(options, log, bars)
     log(f"{evaluation.loaded.label} from {options.model}: {report.describe_solver(evaluation.loaded.solver)}")
     results: dict = {"model": evaluation.model_info(),
                      "data": {"prefix": options.data, "split": options.split, "seed": evaluation.seed},

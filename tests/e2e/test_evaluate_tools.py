@@ -19,9 +19,20 @@ def tiny_run(shakespeare_shards, tmp_path_factory):
     return train_tiny(tmp_path_factory.getbasetemp() / "tiny-eval-model", shakespeare_shards)
 
 
-def tool(name: str, *args: str, timeout: int = 240) -> subprocess.CompletedProcess:
+@pytest.fixture(scope="module")
+def imported(tmp_path_factory):
+    """The released Llama fixture (64 tokens) as our model folder: a model in seconds, no training."""
+    out = tmp_path_factory.getbasetemp() / "imported-released-llama"
+    made = subprocess.run([sys.executable, "tools/convert_checkpoint.py", "import", "tests/fixtures/released/llama",
+                           str(out)], cwd=ROOT, capture_output=True, text=True, timeout=240, env=child_env())
+    assert made.returncode == 0, made.stderr[-3000:]
+    return out
+
+
+def tool(name: str, *args: str, timeout: int = 240, **env: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, f"tools/{name}.py", *map(str, args)], cwd=ROOT, capture_output=True,
-                          text=True, timeout=timeout, env=child_env(HF_DATASETS_OFFLINE="1", HF_HUB_OFFLINE="1"))
+                          text=True, timeout=timeout,
+                          env=child_env(**{"HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1", **env}))
 
 
 def test_every_task_writes_its_files_and_logs_to_mlflow(tiny_run, shakespeare_shards, tmp_path):
@@ -32,6 +43,8 @@ def test_every_task_writes_its_files_and_logs_to_mlflow(tiny_run, shakespeare_sh
                   "--lm-eval-include", TASKS, "--output", out, "--run", tiny_run.run_dir)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "## Length extrapolation (Table 8 layout)" in result.stdout
+    for length in (64, 128):  # a progress bar per length, closed at all of its windows
+        assert f"[evaluate] length {length}: 100%" in result.stderr and "4/4 [" in result.stderr
     files = {p.name for p in out.iterdir()}
     assert files == {"results.json", "results.md", "per_position_ppl.png", "iterations_per_token.png", "duality.png"}
     assert all((out / name).read_bytes()[:4] == b"\x89PNG" for name in files if name.endswith(".png"))
@@ -82,12 +95,8 @@ def test_a_missing_data_prefix_is_refused(tiny_run, tmp_path):
     assert "no test shards for prefix" in result.stderr and "Traceback" not in result.stderr
 
 
-def test_data_beyond_the_models_vocabulary_is_refused_naming_both(shakespeare_shards, tmp_path):
+def test_data_beyond_the_models_vocabulary_is_refused_naming_both(shakespeare_shards, imported):
     """The released fixture (64 tokens), imported, then evaluated on NeoX-tokenized shards."""
-    imported = tmp_path / "imported"
-    made = subprocess.run([sys.executable, "tools/convert_checkpoint.py", "import", "tests/fixtures/released/llama",
-                           str(imported)], cwd=ROOT, capture_output=True, text=True, timeout=240, env=child_env())
-    assert made.returncode == 0, made.stderr[-3000:]
     assert json.loads((imported / "config.json").read_text())["implicit_megatron"]["name"] == "llama"
     result = tool("evaluate", imported, "--data", shakespeare_shards, "--tasks", "ppl", "--seq-lens", "16",
                   "--max-windows", "4")
@@ -95,3 +104,18 @@ def test_data_beyond_the_models_vocabulary_is_refused_naming_both(shakespeare_sh
     assert f"--data {shakespeare_shards}, tokenized with data/tokenizers/gpt-neox-20b.json.xz (50277 tokens) holds " \
            "token id" in result.stderr
     assert f"beyond the vocabulary of the model {imported} (64 tokens)" in result.stderr
+
+
+def test_lm_eval_without_its_data_offline_names_what_is_missing_in_one_line(imported, tmp_path):
+    """The paper's tasks with downloads off and an empty cache: refused before the model loads."""
+    empty = tmp_path / "hf"
+    result = tool("evaluate", imported, "--tasks", "lm_eval", "--output", tmp_path / "eval", HF_HOME=str(empty),
+                  HF_DATASETS_CACHE=str(empty / "datasets"))
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-3000:]
+    (line,) = result.stderr.strip().splitlines()
+    assert line.startswith("evaluate: lm_eval cannot get the data of 7 task(s): lambada_openai "
+                           "(EleutherAI/lambada_openai, default: not in the local cache); hellaswag (Rowan/hellaswag")
+    assert "winogrande (allenai/winogrande, winogrande_xl: not in the local cache)" in line
+    assert f"downloads are off (HF_DATASETS_OFFLINE=1), and the data set cache HF_DATASETS_CACHE={empty / 'datasets'}" \
+        " does not hold them" in line and "--lm-eval-include" in line
+    assert not (tmp_path / "eval").exists()

@@ -1,7 +1,8 @@
 """tools/state_tracking.py end to end at toy size: explicit and implicit models (the implicit one by the
 released recipe: an unrolled damped warm-up phase handing off to the DEQ phase in one run) train
 through the launcher, are tested at two lengths, and the results page is written; a finished sweep
-is not trained again (nor tested again), and a tighter test-time tolerance tests it again."""
+is not trained again (nor tested again), and a tighter test-time tolerance tests it again. Each run's
+progress shows on stderr while it trains."""
 
 from __future__ import annotations
 
@@ -28,6 +29,10 @@ def test_state_tracking_sweep(tmp_path):
     result = sweep(tmp_path / "runs", page)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert "| model | L8 | L12 | seq-L8 |" in result.stdout
+    for model in ("explicit-1l", "implicit"):  # each run's progress while it trained, on stderr
+        prefix = f"[state_tracking] {model} seed 0: step"
+        shown = [line for line in result.stderr.splitlines() if line.startswith(prefix)]
+        assert [line.split(": ", 1)[1].split("  ")[0] for line in shown] == ["step 1/4", "step 4/4"], shown
     results = json.loads((tmp_path / "runs" / "Z2-L8-released" / "results.json").read_text())
     implicit, explicit = results["runs"]["implicit"]["0"], results["runs"]["explicit-1l"]["0"]
     assert explicit["L12"]["passes"] == 1 and 1 < implicit["L12"]["passes"] <= 32

@@ -1,0 +1,111 @@
+"""tools/plot_run.py: a run folder read into curves against tokens (the last record of a step, the
+phases as token spans) and two runs drawn into one PNG; a folder without metrics is refused."""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import subprocess
+import sys
+
+import pytest
+import yaml
+from support.processes import ROOT
+
+from implicit_megatron.config import Config, CurriculumConfig, PhaseConfig
+from implicit_megatron.run_curves import last_record_per_step, read_run
+from implicit_megatron.tracking import append_metrics
+
+STEPS, BATCH, SEQ = 20, 4, 32  # 128 tokens per step
+
+
+def make_run(folder, name: str, implicit: bool, loss_shift: float = 0.0):
+    """A run folder as the trainer leaves it: config.yaml from the config dataclasses and
+    metrics.jsonl from append_metrics, with steps 8-10 logged twice (a resumed launch)."""
+    cfg = Config(name=name)
+    cfg.train.steps, cfg.train.global_batch_size, cfg.train.micro_batch_size = STEPS, BATCH, BATCH
+    cfg.data.seq_len, cfg.schedule.warmup_steps = SEQ, 2
+    if implicit:
+        cfg.implicit.enabled = True
+        cfg.curriculum = CurriculumConfig(phases=[PhaseConfig("bounded", "bounded", 0.75, 4, 1),
+                                                  PhaseConfig("free", "free", 0.25, 24, 4, tol=0.05)])
+    folder.mkdir(parents=True)
+    (folder / "config.yaml").write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
+
+    def train_record(step, loss):
+        record = {"train/loss": loss, "train/lr": 1e-3 * min(1, step / 2), "train/grad_norm": 1.0 / step,
+                  "train/consumed_samples": step * BATCH}
+        if implicit:
+            record.update({"solver/iterations": 4.0 if step <= 15 else 9.0, "solver/residual": 0.5 / step})
+        return record
+
+    for step in range(2, 11, 2):  # the first launch, killed after step 10 with its checkpoint at 6
+        append_metrics(folder, step, train_record(step, 9.0 + loss_shift))
+    for step in range(8, STEPS + 1, 2):  # the resumed launch logs 8 and 10 again
+        append_metrics(folder, step, train_record(step, 5.0 - step / 10 + loss_shift))
+        if step % 10 == 0:
+            append_metrics(folder, step, {"val/loss": 4.0 - step / 20, "val/ppl": math.exp(4.0 - step / 20)})
+    return folder
+
+
+def test_a_run_is_read_against_tokens_with_the_last_record_of_each_step(tmp_path):
+    run = read_run(make_run(tmp_path / "a", "tiny-a", implicit=True))
+    assert run.name == "tiny-a" and run.tokens_per_step == BATCH * SEQ
+    assert run.steps == list(range(2, STEPS + 1, 2))
+    tokens, losses = run.series["train/loss"]
+    assert tokens == [s * 128 for s in range(2, STEPS + 1, 2)]
+    assert losses[:5] == [9.0, 9.0, 9.0, pytest.approx(4.2), pytest.approx(4.0)]  # 8, 10: the resumed launch's
+    assert run.series["val/loss"] == ([10 * 128, 20 * 128], [pytest.approx(3.5), pytest.approx(3.0)])
+    assert run.series["train/consumed_samples"][1][-1] == STEPS * BATCH
+    spans = [(p.name, p.kind, p.label, p.first_step, p.end_step, p.start_tokens, p.end_tokens) for p in run.phases]
+    assert spans == [("bounded", "bounded", "(4+1)", 0, 15, 0, 15 * 128),
+                     ("free", "free", "(24+4), tol 0.05", 15, 20, 15 * 128, 20 * 128)]
+    assert read_run(make_run(tmp_path / "b", "tiny-b", implicit=False)).phases == []
+
+
+def test_records_of_one_step_merge_in_file_order():
+    merged = last_record_per_step([{"step": 3, "a": 1.0}, {"step": 1, "a": 5.0}, {"step": 3, "b": 2.0},
+                                   {"step": 3, "a": 7.0}, {"no": "step"}])
+    assert merged == {1: {"step": 1, "a": 5.0}, 3: {"step": 3, "a": 7.0, "b": 2.0}}
+
+
+def load_tool():
+    spec = importlib.util.spec_from_file_location("plot_run", ROOT / "tools/plot_run.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_two_runs_are_drawn_into_one_png(tmp_path):
+    from matplotlib.image import imread
+
+    first = make_run(tmp_path / "implicit", "tiny-implicit", implicit=True)
+    second = make_run(tmp_path / "explicit", "tiny-explicit", implicit=False, loss_shift=0.3)
+    out = tmp_path / "plots" / "runs.png"
+    assert load_tool().main([str(first), str(second), "--output", str(out)]) == 0
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    image = imread(out)
+    assert image.shape[0] > 600 and image.shape[1] > 1200
+    assert image[..., :3].std() > 0.05  # curves and shading, not a blank canvas
+
+
+def test_a_folder_without_metrics_is_refused_by_name(tmp_path):
+    good = make_run(tmp_path / "run", "tiny", implicit=False)
+    (tmp_path / "empty").mkdir()
+    result = subprocess.run([sys.executable, "tools/plot_run.py", str(good), str(tmp_path / "empty"), "--output",
+                             str(tmp_path / "x.png")], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert result.stderr.strip() == (f"plot_run: {tmp_path / 'empty' / 'metrics.jsonl'}: not found; "
+                                     f"{tmp_path / 'empty'} is not a run's output folder, or its run has not "
+                                     "logged a step yet")
+    assert not (tmp_path / "x.png").exists()
+
+
+def test_without_matplotlib_one_line_says_how_to_install_it(tmp_path):
+    hide = ("import runpy, sys; sys.modules['matplotlib'] = None; "
+            f"sys.argv = ['plot_run', {str(tmp_path)!r}, '--output', 'x.png']; "
+            "runpy.run_path('tools/plot_run.py', run_name='__main__')")
+    result = subprocess.run([sys.executable, "-c", hide], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 1 and "Traceback" not in result.stderr
+    assert result.stderr.strip() == ("plot_run: matplotlib is not installed; install the eval extra: "
+                                     "pip install -e .[eval]  (or: bash scripts/setup.sh eval)")
