@@ -4,7 +4,10 @@ An exported folder holds `model.safetensors` (float32 or bfloat16; weight normal
 into plain weights; the tied head stored once, as the embedding), `config.json` (the resolved
 run config under `implicit_megatron`, with the fields transformers reads), the tokenizer file
 the run used, and `modeling_implicit_megatron.py`, through which transformers'
-AutoModelForCausalLM loads the folder with trust_remote_code=True.
+AutoModelForCausalLM loads the folder with trust_remote_code=True. config.json also holds what
+transformers' `generate` reads there: the end-of-document token (bos, eos and pad, so that it
+stops where tools/generate.py stops) and the padding rows of the vocabulary as `suppress_tokens`
+(tools/generate.py samples from the real vocabulary only).
 """
 
 from __future__ import annotations
@@ -38,34 +41,52 @@ def write_folder(out: Path, model: LanguageModel, cfg: Config, dtype: torch.dtyp
     umask = os.umask(0)
     os.umask(umask)
     os.chmod(out / MODEL_FILE, 0o666 & ~umask)  # safetensors writes 0600; others on a cluster must read it
+    eod_id = write_tokenizer(Path(cfg.data.tokenizer), out)
     classes = f"{MODELING_FILE.removesuffix('.py')}.ImplicitMegatron"
     hf = {"architectures": ["ImplicitMegatronForCausalLM"], "model_type": "implicit_megatron",
           "auto_map": {"AutoConfig": classes + "Config", "AutoModelForCausalLM": classes + "ForCausalLM"},
-          "torch_dtype": str(dtype).removeprefix("torch."), CONFIG_KEY: cfg.to_dict()}
+          "torch_dtype": str(dtype).removeprefix("torch."), **generation_fields(cfg, eod_id),
+          CONFIG_KEY: cfg.to_dict()}
     (out / CONFIG_FILE).write_text(json.dumps(hf, indent=2))
     shutil.copy(Path(__file__).with_name("hf_model.py"), out / MODELING_FILE)
-    write_tokenizer(Path(cfg.data.tokenizer), out)
     return out
 
 
-def write_tokenizer(source: Path, out: Path) -> None:
-    """The run's tokenizer as transformers' AutoTokenizer reads it: tokenizer.json (decompressed) and
-    tokenizer_config.json, or a sentencepiece tokenizer.model; nothing when the run had none at hand.
+def generation_fields(cfg: Config, eod_id: int | None) -> dict:
+    """What transformers' generate reads from config.json: the end-of-document token, and the
+    padding rows of the vocabulary, which no target ever used, suppressed."""
+    fields: dict = {}
+    if eod_id is not None:
+        fields.update(bos_token_id=eod_id, eos_token_id=eod_id, pad_token_id=eod_id)
+    if cfg.model.padded_vocab_size > cfg.model.vocab_size:
+        fields["suppress_tokens"] = list(range(cfg.model.vocab_size, cfg.model.padded_vocab_size))
+    return fields
+
+
+def write_tokenizer(source: Path, out: Path) -> int | None:
+    """The run's tokenizer as transformers' AutoTokenizer reads it (with trust_remote_code=True,
+    which the model needs anyway: AutoTokenizer reads config.json first): tokenizer.json
+    (decompressed), or a sentencepiece tokenizer.model, each with its tokenizer_config.json;
+    nothing when the run had none at hand. Returns the end-of-document id (None without a tokenizer).
     No `model_max_length`: the models have no length limit (the paper evaluates at 2-8x the
     training length), and transformers would warn of indexing errors past any number written."""
     if not source.is_file():
-        return
+        return None
     from data_pipeline.tokenizer import load_tokenizer
 
     tokenizer = load_tokenizer(source)
-    if tokenizer.kind == "sentencepiece":
+    if tokenizer.kind == "sentencepiece":  # transformers' own sentencepiece class: the same ids as ours
         shutil.copy(source, out / "tokenizer.model")
-        return
-    tokenizer.backend.save(str(out / "tokenizer.json"))
-    eos = tokenizer.backend.id_to_token(tokenizer.eod_id)
-    settings = {"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": eos, "bos_token": eos,
-                "unk_token": eos}
+        eos = tokenizer.backend.id_to_piece(tokenizer.eod_id)
+        unk = tokenizer.backend.id_to_piece(tokenizer.backend.unk_id()) if tokenizer.backend.unk_id() >= 0 else eos
+        settings = {"tokenizer_class": "SentencePieceBackend", "eos_token": eos, "bos_token": eos, "unk_token": unk}
+    else:
+        tokenizer.backend.save(str(out / "tokenizer.json"))
+        eos = tokenizer.backend.id_to_token(tokenizer.eod_id)
+        settings = {"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": eos, "bos_token": eos,
+                    "unk_token": eos}
     (out / "tokenizer_config.json").write_text(json.dumps(settings, indent=2))
+    return tokenizer.eod_id
 
 
 def read_folder_config(folder: Path) -> Config:

@@ -7,14 +7,21 @@ classes in config.json's `auto_map`, so that
 
 builds the same LanguageModel that `implicit_megatron.from_pretrained` builds (the package must
 be installed). The wrapper registers the LanguageModel's own submodules, so the state-dict keys
-are those of model.safetensors, and forward is the LanguageModel's forward.
+are those of model.safetensors.
+
+A plain forward is the LanguageModel's (simultaneous mode: the whole sequence solved at once).
+`generate` runs sequential mode instead, as tools/generate.py does: the prompt token by token,
+then each new token as one solved step under the carried state (`hf_cache.SequentialState`,
+returned as `past_key_values`), never the prefix again. `use_cache=False` runs the whole prefix
+in simultaneous mode for every token; for explicit models both give the same tokens, for implicit
+ones they agree as far as both solves converge to the same fixed point (within their tolerance).
 """
 
 from __future__ import annotations
 
 import torch
 from transformers import GenerationMixin, PretrainedConfig, PreTrainedModel
-from transformers.modeling_outputs import CausalLMOutput
+from transformers.modeling_outputs import CausalLMOutputWithPast
 
 
 class ImplicitMegatronConfig(PretrainedConfig):
@@ -37,6 +44,7 @@ class ImplicitMegatronForCausalLM(PreTrainedModel, GenerationMixin):
     base_model_prefix = "implicit_megatron"
     _no_split_modules = []
     _tied_weights_keys = {}  # a tied head reads embedding.weight; it has no weight of its own
+    _is_stateful = True  # the state cannot be rolled back: generate refuses assisted decoding
 
     def __init__(self, config: ImplicitMegatronConfig):
         super().__init__(config)
@@ -52,16 +60,47 @@ class ImplicitMegatronForCausalLM(PreTrainedModel, GenerationMixin):
     def _init_weights(self, module) -> None:
         """Our modules initialise themselves; loading overwrites every tensor anyway."""
 
+    @classmethod
+    def _supports_default_dynamic_cache(cls) -> bool:
+        """generate must not make a transformers DynamicCache: our forward makes its own state."""
+        return False
+
     def get_input_embeddings(self):
         return self.embedding
 
-    def forward(self, input_ids: torch.Tensor, labels: torch.Tensor | None = None, **kwargs) -> CausalLMOutput:
-        logits = self._language_model[0](input_ids)
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                past_key_values=None, use_cache: bool | None = None, labels: torch.Tensor | None = None,
+                logits_to_keep: int = 0, **kwargs) -> CausalLMOutputWithPast:
+        """Logits of `input_ids` (B, T). With `past_key_values` (a SequentialState) or `use_cache`,
+        in sequential mode after the tokens the state holds, returning the state advanced; else in
+        simultaneous mode. Sequential mode is for inference: it runs without gradient.
+        `attention_mask` may only be all ones (padding is refused, see hf_cache.refuse_padding).
+        `logits_to_keep` > 0: logits of the last that many tokens only."""
+        from implicit_megatron.hf_cache import SequentialState, refuse_padding
+
+        refuse_padding(attention_mask)
+        lm = self._language_model[0]
+        if past_key_values is not None and not isinstance(past_key_values, SequentialState):
+            raise TypeError(f"past_key_values: expected the SequentialState an earlier forward returned, got "
+                            f"{type(past_key_values).__name__}")
+        if past_key_values is not None:
+            z = past_key_values.advance(lm, input_ids)
+        elif use_cache:
+            z, past_key_values = SequentialState.start(lm, input_ids)
+        else:
+            z = lm.core(lm.embedding_dropout(lm.embedding(input_ids)))
+        logits = lm.logits(z[:, -logits_to_keep:] if logits_to_keep else z)
         loss = None
         if labels is not None:  # transformers' convention: labels are the inputs, shifted here
             loss = torch.nn.functional.cross_entropy(logits[:, :-1].flatten(0, 1).float(),
                                                      labels[:, 1:].flatten(), ignore_index=-100)
-        return CausalLMOutput(loss=loss, logits=logits)
+        return CausalLMOutputWithPast(loss=loss, logits=logits, past_key_values=past_key_values)
 
-    def prepare_inputs_for_generation(self, input_ids: torch.Tensor, **kwargs) -> dict:
-        return {"input_ids": input_ids}  # no cache: the whole prefix is run again (simultaneous mode)
+    def prepare_inputs_for_generation(self, input_ids: torch.Tensor, past_key_values=None,
+                                      attention_mask: torch.Tensor | None = None, use_cache: bool | None = None,
+                                      **kwargs) -> dict:
+        """With a state, only the tokens it has not seen (the new one); without, the whole prefix."""
+        if past_key_values is not None:
+            input_ids = input_ids[:, past_key_values.get_seq_length():]
+        return {"input_ids": input_ids, "past_key_values": past_key_values, "attention_mask": attention_mask,
+                "use_cache": use_cache}

@@ -1,0 +1,186 @@
+"""transformers' `generate` on exported folders: tokenizer output in, the sequential-mode state carried.
+
+Which equalities are exact and which hold within a tolerance:
+- `generate` with the state (use_cache=True, the default) runs exactly the computation of
+  tools/generate.py (`evaluation.generation.generate`): the prompt token by token, then each new
+  token as one solved step under the committed state. Same tokens, exactly, for one prompt at a
+  time (in a batch, an implicit solver stops when the whole batch has converged).
+- `generate(use_cache=False)` runs the whole prefix in simultaneous mode for every new token. For
+  the explicit models that is the same function up to rounding (logits within 1e-5, relative). For
+  the implicit ones both modes solve the same fixed-point equations, per token or for the whole
+  sequence at once, so they agree as far as both solves converged: the tiny implicit models here
+  are contractive (see write_tiny_export) and solved to 1e-5, so their logits agree within 1e-4,
+  ten times less than the gap between the two best tokens, and the tokens are equal.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from support.processes import ROOT
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from implicit_megatron.evaluation.generation import SamplingConfig, generate
+from implicit_megatron.evaluation.loading import load_model
+from implicit_megatron.hf_cache import SequentialState
+
+PROMPTS = ["ROMEO: what light", "HAMLET: to be"]  # six tokens each: a batch without padding
+NEW_TOKENS = 8
+MODELS = ["mamba2-explicit", "mamba2-implicit", "llama-explicit", "llama-implicit"]
+READS_Z = ("in_proj.weight", "q_proj.weight", "k_proj.weight", "v_proj.weight", "gate_proj.weight", "up_proj.weight")
+WRITES = ("out_proj.weight", "o_proj.weight", "down_proj.weight")  # into the residual stream
+
+
+def write_tiny_export(name: str, out: Path) -> Path:
+    """A two-layer, width-32 model as `export` writes it; implicit ones contractive (small weights
+    reading z, large ones writing the residual stream and the injection) and solved to 1e-5."""
+    from implicit_megatron import build_model, load_config
+    from implicit_megatron.export import write_folder
+
+    arch = name.split("-")[0]
+    cfg = load_config(ROOT / f"configs/tiny/{name}.yaml",
+                      ["model.d_model=32", f"data.tokenizer={ROOT / 'data/tokenizers/gpt-neox-20b.json.xz'}",
+                       "model.mamba2.headdim=8" if arch == "mamba2" else "model.llama.n_heads=2"])
+    cfg.implicit.max_iter, cfg.implicit.tol, cfg.curriculum.phases = 20, 1e-5, []  # one solver for every path
+    torch.manual_seed(0)
+    model = build_model(cfg).eval()
+    if cfg.implicit.enabled:
+        with torch.no_grad():
+            for param_name, p in model.core.backbone.named_parameters():
+                if param_name.endswith(READS_Z):
+                    p.mul_(0.1)
+                elif param_name.endswith(WRITES):
+                    p.mul_(10.0)  # the branches outweigh z in the residual stream: ~10 passes per token
+            model.core.injection.proj.weight.mul_(30.0)
+    return write_folder(out / name, model, cfg, torch.float32)
+
+
+@pytest.fixture(scope="module")
+def exports(tmp_path_factory) -> dict[str, Path]:
+    out = tmp_path_factory.mktemp("hf-generation")
+    return {name: write_tiny_export(name, out) for name in MODELS}
+
+
+def load(folder: Path):
+    tokenizer = AutoTokenizer.from_pretrained(folder, trust_remote_code=True)
+    return tokenizer, AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True).eval()
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_generate_carries_the_state_and_gives_the_tokens_of_the_whole_prefix(name, exports):
+    tokenizer, hf = load(exports[name])
+    batch = tokenizer(PROMPTS, return_tensors="pt")
+    assert batch["attention_mask"].shape == (2, 6)
+    seen = []
+    hf.embedding.register_forward_hook(lambda module, args, out: seen.append(args[0].shape[1]))
+    greedy = {"max_new_tokens": NEW_TOKENS, "do_sample": False, "return_dict_in_generate": True,
+              "output_logits": True}
+    cached = hf.generate(**batch, **greedy)
+    assert seen == [6] + [1] * (NEW_TOKENS - 1)  # the prompt once, then only each new token
+    assert isinstance(cached.past_key_values, SequentialState)
+    seen.clear()
+    whole = hf.generate(**batch, **greedy, use_cache=False)
+    assert seen == list(range(6, 6 + NEW_TOKENS))  # the whole prefix again for every token
+
+    assert cached.sequences.tolist() == whole.sequences.tolist()
+    cached_logits, whole_logits = torch.stack(cached.logits), torch.stack(whole.logits)
+    difference = (cached_logits - whole_logits).abs().max().item()
+    assert difference < (1e-4 if "implicit" in name else 1e-5) * whole_logits.abs().max().item()
+    best_two = whole_logits.topk(2, dim=-1).values
+    assert (best_two[..., 0] - best_two[..., 1]).min().item() > 10 * difference  # equal tokens by a margin
+
+    # tools/generate.py: the tool's loader and sequential-mode generation, one prompt at a time
+    loaded = load_model(exports[name])
+    for row, prompt in enumerate(PROMPTS):
+        ours = generate(loaded.model, loaded.tokenizer.encode(prompt),
+                        SamplingConfig(max_new_tokens=NEW_TOKENS, temperature=0.0), eod_id=loaded.tokenizer.eod_id)
+        one = hf.generate(**tokenizer(prompt, return_tensors="pt"), max_new_tokens=NEW_TOKENS, do_sample=False)
+        assert one[0, 6:].tolist() == ours.new_ids
+        if "explicit" in name:  # no solver whose stopping test spans the batch: rows are independent
+            assert cached.sequences[row].tolist() == one[0].tolist()
+
+
+def test_beam_search_reorders_the_state(exports):
+    tokenizer, hf = load(exports["mamba2-explicit"])
+    batch = tokenizer(PROMPTS, return_tensors="pt")
+    beams = {"max_new_tokens": 4, "do_sample": False, "num_beams": 3}
+    assert hf.generate(**batch, **beams).tolist() == hf.generate(**batch, **beams, use_cache=False).tolist()
+
+
+def test_llama_kv_cache_grows_past_the_prompt(exports):
+    """The prompt's state has room for the prompt only; new tokens copy it into larger buffers."""
+    _, hf = load(exports["llama-explicit"])
+    ids = torch.tensor([[5, 6, 7]])
+    out = hf(ids, use_cache=True)
+    state = out.past_key_values
+    assert state.get_seq_length() == 3 and state.state[0].k.shape[2] == 3
+    logits = [hf(torch.tensor([[t]]), past_key_values=state).logits[:, -1] for t in (8, 9, 10, 11)]
+    assert state.get_seq_length() == 7 and state.state[0].k.shape[2] >= 7
+    whole = hf(torch.tensor([[5, 6, 7, 8, 9, 10, 11]])).logits[:, 3:]
+    assert torch.allclose(torch.stack(logits, dim=1), whole, atol=1e-5)
+
+
+def test_generate_continues_from_a_returned_state(exports):
+    _, hf = load(exports["llama-explicit"])
+    ids = torch.tensor([[5, 6, 7, 8, 9]])
+    whole = hf.generate(ids, max_new_tokens=8, do_sample=False)
+    first = hf.generate(ids, max_new_tokens=3, do_sample=False, return_dict_in_generate=True)
+    assert first.past_key_values.get_seq_length() == 7  # the last new token is not run yet
+    rest = hf.generate(first.sequences, past_key_values=first.past_key_values, max_new_tokens=5, do_sample=False)
+    assert rest.tolist() == whole.tolist()
+
+
+def test_padding_is_refused_and_a_mask_of_ones_changes_nothing(exports):
+    tokenizer, hf = load(exports["mamba2-explicit"])
+    batch = tokenizer(PROMPTS[0], return_tensors="pt")
+    plain = hf.generate(batch["input_ids"], max_new_tokens=3, do_sample=False)
+    assert plain.tolist() == hf.generate(**batch, max_new_tokens=3, do_sample=False).tolist()
+    padded = torch.cat([torch.zeros(1, 2, dtype=torch.long), batch["attention_mask"]], dim=1)
+    ids = torch.cat([torch.zeros(1, 2, dtype=torch.long), batch["input_ids"]], dim=1)
+    with pytest.raises(ValueError, match="attention_mask: padding"):
+        hf.generate(input_ids=ids, attention_mask=padded, max_new_tokens=3, do_sample=False)
+
+
+def test_the_export_tells_generate_its_end_of_document_and_padding_rows(exports):
+    """AutoTokenizer needs nothing but the folder and trust_remote_code=True; generate stops at the
+    end-of-document token and never picks a padding row of the vocabulary, as tools/generate.py."""
+    from data_pipeline.tokenizer import load_tokenizer
+
+    tokenizer, hf = load(exports["mamba2-explicit"])
+    ours = load_tokenizer(ROOT / "data/tokenizers/gpt-neox-20b.json.xz")
+    text = "ROMEO: But, soft! what light through yonder window breaks?"
+    assert tokenizer(text)["input_ids"] == ours.encode(text)
+    assert tokenizer.eos_token_id == ours.eod_id == hf.generation_config.eos_token_id
+    assert hf.generation_config.pad_token_id == ours.eod_id
+    vocab = hf.config.vocab_size
+    assert hf.generation_config.suppress_tokens == list(range(vocab, hf.embedding.weight.shape[0]))
+    ids = tokenizer(text, return_tensors="pt")["input_ids"]
+    out = hf.generate(ids, max_new_tokens=1, do_sample=False, return_dict_in_generate=True, output_logits=True)
+    first = out.sequences[0, -1].item()
+    assert out.logits[0][0, first] > 0
+    with torch.no_grad():  # padding rows ten times the best row: their logits would win
+        hf.embedding.weight[vocab:] = hf.embedding.weight[first] * 10
+    assert hf.generate(ids, max_new_tokens=1, do_sample=False)[0, -1].item() == first
+
+
+def test_a_sentencepiece_export_tokenizes_as_the_run_did(exports, tmp_path):
+    import shutil
+
+    from data_pipeline.tokenizer import load_tokenizer
+    from data_pipeline.train_tokenizer import train_sentencepiece
+    from implicit_megatron.export import CONFIG_FILE, MODELING_FILE, write_tokenizer
+
+    texts = [f"ROMEO: line {i}, but soft what light through yonder window breaks" for i in range(200)]
+    model = train_sentencepiece(iter(texts), 400, str(tmp_path / "sp.model"), "bpe")
+    folder = tmp_path / "export"
+    folder.mkdir()
+    for name in (CONFIG_FILE, MODELING_FILE):
+        shutil.copy(exports["llama-explicit"] / name, folder / name)
+    eod = write_tokenizer(Path(model), folder)
+    tokenizer = AutoTokenizer.from_pretrained(folder, trust_remote_code=True)
+    ours = load_tokenizer(model)
+    text = "ROMEO: but soft, what light through yonder window"
+    assert tokenizer(text)["input_ids"] == ours.encode(text)
+    assert eod == ours.eod_id == tokenizer.eos_token_id
