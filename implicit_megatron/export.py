@@ -85,6 +85,7 @@ def write_tokenizer(source: Path, out: Path) -> int | None:
         eos = tokenizer.backend.id_to_token(tokenizer.eod_id)
         settings = {"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": eos, "bos_token": eos,
                     "unk_token": eos}
+    settings["model_input_names"] = ["input_ids", "attention_mask"]  # no token_type_ids: the model takes none
     (out / "tokenizer_config.json").write_text(json.dumps(settings, indent=2))
     return tokenizer.eod_id
 

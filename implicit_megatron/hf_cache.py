@@ -1,6 +1,7 @@
 """The sequential-mode state as transformers' `generate` carries it between forwards.
 
-`generate` keeps whatever a forward returns as `past_key_values` and hands it to the next one.
+`generate` keeps whatever a forward returns as its state (`cache`; `past_key_values` before
+transformers 5.24) and hands it to the next one.
 For our models that is the committed per-layer state of sequential mode (Mamba2: conv and SSM
 states; Llama: the KV cache), so each new token is one solved step under that state, as in
 `evaluation.generation`, instead of the whole prefix run again: the cost of a token does not
@@ -8,7 +9,7 @@ grow with the prefix for Mamba2, and grows only by the attention over it for Lla
 
 It is not a transformers `Cache`: those hold keys and values that transformers' own attention
 updates, while ours is stepped by our backbone. It has what `generate` asks of a cache
-(`get_seq_length`, `reorder_cache` for beam search, `is_compileable`, `is_croppable`).
+(`get_seq_length`, `reorder_cache` for beam search, `is_compileable`, `is_croppable`, `is_linear`).
 """
 
 from __future__ import annotations
@@ -35,6 +36,12 @@ class SequentialState:
     def get_seq_length(self, layer_idx: int = 0) -> int:
         """Tokens the state holds: `generate` feeds only the ones after them."""
         return self.length
+
+    @property
+    def is_linear(self) -> list[bool]:
+        """Per layer, whether its state has a constant size (Mamba2) rather than growing (Llama's KV
+        cache); transformers >= 5.24 asks before it restarts from a returned state."""
+        return [not isinstance(layer, KVCache) for layer in self.state]
 
     def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
         """Beam search: row i of the state becomes row beam_idx[i]."""

@@ -12,7 +12,8 @@ are those of model.safetensors.
 A plain forward is the LanguageModel's (simultaneous mode: the whole sequence solved at once).
 `generate` runs sequential mode instead, as tools/generate.py does: the prompt token by token,
 then each new token as one solved step under the carried state (`hf_cache.SequentialState`,
-returned as `past_key_values`), never the prefix again. `use_cache=False` runs the whole prefix
+returned as the output's `cache`, `past_key_values` before transformers 5.24: both names are
+read and written here), never the prefix again. `use_cache=False` runs the whole prefix
 in simultaneous mode for every token; for explicit models both give the same tokens, for implicit
 ones they agree as far as both solves converge to the same fixed point (within their tolerance).
 """
@@ -23,6 +24,9 @@ import torch
 from transformers import GenerationMixin, PretrainedConfig, PreTrainedModel
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
+# where an output carries the state: `cache` from transformers 5.24 on, `past_key_values` before
+STATE_FIELD = "cache" if "cache" in CausalLMOutputWithPast.__dataclass_fields__ else "past_key_values"
+
 
 class ImplicitMegatronConfig(PretrainedConfig):
     """Holds our run config (the `implicit_megatron` entry) next to the few fields transformers reads."""
@@ -32,7 +36,9 @@ class ImplicitMegatronConfig(PretrainedConfig):
     def __init__(self, implicit_megatron: dict | None = None, **kwargs):
         self.implicit_megatron = implicit_megatron or {}
         model = self.implicit_megatron.get("model", {})
-        kwargs.setdefault("vocab_size", model.get("vocab_size"))
+        vocab, multiple = model.get("vocab_size"), model.get("pad_vocab_multiple", 1)
+        # the width of the logits, padding rows included, as transformers' own models count it (beam search does)
+        kwargs.setdefault("vocab_size", -(-vocab // multiple) * multiple if vocab else None)
         kwargs.setdefault("hidden_size", model.get("d_model"))
         kwargs.setdefault("num_hidden_layers", model.get("n_layers"))
         kwargs.setdefault("tie_word_embeddings", model.get("tie_embeddings", True))
@@ -68,10 +74,11 @@ class ImplicitMegatronForCausalLM(PreTrainedModel, GenerationMixin):
     def get_input_embeddings(self):
         return self.embedding
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, cache=None,
                 past_key_values=None, use_cache: bool | None = None, labels: torch.Tensor | None = None,
                 logits_to_keep: int = 0, **kwargs) -> CausalLMOutputWithPast:
-        """Logits of `input_ids` (B, T). With `past_key_values` (a SequentialState) or `use_cache`,
+        """Logits of `input_ids` (B, T). With a state (`cache`, or its older name `past_key_values`:
+        the SequentialState an earlier forward returned) or `use_cache`,
         in sequential mode after the tokens the state holds, returning the state advanced; else in
         simultaneous mode. Sequential mode is for inference: it runs without gradient.
         `attention_mask` may only be all ones (padding is refused, see hf_cache.refuse_padding).
@@ -80,8 +87,9 @@ class ImplicitMegatronForCausalLM(PreTrainedModel, GenerationMixin):
 
         refuse_padding(attention_mask)
         lm = self._language_model[0]
+        past_key_values = cache if cache is not None else past_key_values
         if past_key_values is not None and not isinstance(past_key_values, SequentialState):
-            raise TypeError(f"past_key_values: expected the SequentialState an earlier forward returned, got "
+            raise TypeError(f"cache: expected the SequentialState an earlier forward returned, got "
                             f"{type(past_key_values).__name__}")
         if past_key_values is not None:
             z = past_key_values.advance(lm, input_ids)
@@ -94,13 +102,13 @@ class ImplicitMegatronForCausalLM(PreTrainedModel, GenerationMixin):
         if labels is not None:  # transformers' convention: labels are the inputs, shifted here
             loss = torch.nn.functional.cross_entropy(logits[:, :-1].flatten(0, 1).float(),
                                                      labels[:, 1:].flatten(), ignore_index=-100)
-        return CausalLMOutputWithPast(loss=loss, logits=logits, past_key_values=past_key_values)
+        return CausalLMOutputWithPast(loss=loss, logits=logits, **{STATE_FIELD: past_key_values})
 
-    def prepare_inputs_for_generation(self, input_ids: torch.Tensor, past_key_values=None,
+    def prepare_inputs_for_generation(self, input_ids: torch.Tensor, cache=None, past_key_values=None,
                                       attention_mask: torch.Tensor | None = None, use_cache: bool | None = None,
                                       **kwargs) -> dict:
         """With a state, only the tokens it has not seen (the new one); without, the whole prefix."""
-        if past_key_values is not None:
-            input_ids = input_ids[:, past_key_values.get_seq_length():]
-        return {"input_ids": input_ids, "past_key_values": past_key_values, "attention_mask": attention_mask,
-                "use_cache": use_cache}
+        state = cache if cache is not None else past_key_values
+        if state is not None:
+            input_ids = input_ids[:, state.get_seq_length():]
+        return {"input_ids": input_ids, "cache": state, "attention_mask": attention_mask, "use_cache": use_cache}

@@ -19,18 +19,26 @@ from pathlib import Path
 
 import pytest
 import torch
+import transformers
 from support.processes import ROOT
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from implicit_megatron.evaluation.generation import SamplingConfig, generate
 from implicit_megatron.evaluation.loading import load_model
 from implicit_megatron.hf_cache import SequentialState
+from implicit_megatron.hf_model import STATE_FIELD
 
 PROMPTS = ["ROMEO: what light", "HAMLET: to be"]  # six tokens each: a batch without padding
 NEW_TOKENS = 8
 MODELS = ["mamba2-explicit", "mamba2-implicit", "llama-explicit", "llama-implicit"]
 READS_Z = ("in_proj.weight", "q_proj.weight", "k_proj.weight", "v_proj.weight", "gate_proj.weight", "up_proj.weight")
 WRITES = ("out_proj.weight", "o_proj.weight", "down_proj.weight")  # into the residual stream
+# generate's argument and outputs name the state `cache` from transformers 5.24 on, `past_key_values` before
+CACHE = STATE_FIELD
+
+
+def state_of(output) -> SequentialState | None:
+    return output.get(CACHE)
 
 
 def write_tiny_export(name: str, out: Path) -> Path:
@@ -79,7 +87,7 @@ def test_generate_carries_the_state_and_gives_the_tokens_of_the_whole_prefix(nam
               "output_logits": True}
     cached = hf.generate(**batch, **greedy)
     assert seen == [6] + [1] * (NEW_TOKENS - 1)  # the prompt once, then only each new token
-    assert isinstance(cached.past_key_values, SequentialState)
+    assert isinstance(state_of(cached), SequentialState)
     seen.clear()
     whole = hf.generate(**batch, **greedy, use_cache=False)
     assert seen == list(range(6, 6 + NEW_TOKENS))  # the whole prefix again for every token
@@ -114,7 +122,7 @@ def test_llama_kv_cache_grows_past_the_prompt(exports):
     _, hf = load(exports["llama-explicit"])
     ids = torch.tensor([[5, 6, 7]])
     out = hf(ids, use_cache=True)
-    state = out.past_key_values
+    state = state_of(out)
     assert state.get_seq_length() == 3 and state.state[0].k.shape[2] == 3
     logits = [hf(torch.tensor([[t]]), past_key_values=state).logits[:, -1] for t in (8, 9, 10, 11)]
     assert state.get_seq_length() == 7 and state.state[0].k.shape[2] >= 7
@@ -127,8 +135,8 @@ def test_generate_continues_from_a_returned_state(exports):
     ids = torch.tensor([[5, 6, 7, 8, 9]])
     whole = hf.generate(ids, max_new_tokens=8, do_sample=False)
     first = hf.generate(ids, max_new_tokens=3, do_sample=False, return_dict_in_generate=True)
-    assert first.past_key_values.get_seq_length() == 7  # the last new token is not run yet
-    rest = hf.generate(first.sequences, past_key_values=first.past_key_values, max_new_tokens=5, do_sample=False)
+    assert state_of(first).get_seq_length() == 7  # the last new token is not run yet
+    rest = hf.generate(first.sequences, **{CACHE: state_of(first)}, max_new_tokens=5, do_sample=False)
     assert rest.tolist() == whole.tolist()
 
 
@@ -154,7 +162,8 @@ def test_the_export_tells_generate_its_end_of_document_and_padding_rows(exports)
     assert tokenizer(text)["input_ids"] == ours.encode(text)
     assert tokenizer.eos_token_id == ours.eod_id == hf.generation_config.eos_token_id
     assert hf.generation_config.pad_token_id == ours.eod_id
-    vocab = hf.config.vocab_size
+    vocab = hf.config.implicit_megatron["model"]["vocab_size"]  # the real rows; config.vocab_size counts padding
+    assert hf.config.vocab_size == hf.embedding.weight.shape[0] > vocab
     assert hf.generation_config.suppress_tokens == list(range(vocab, hf.embedding.weight.shape[0]))
     ids = tokenizer(text, return_tensors="pt")["input_ids"]
     out = hf.generate(ids, max_new_tokens=1, do_sample=False, return_dict_in_generate=True, output_logits=True)
@@ -165,6 +174,8 @@ def test_the_export_tells_generate_its_end_of_document_and_padding_rows(exports)
     assert hf.generate(ids, max_new_tokens=1, do_sample=False)[0, -1].item() == first
 
 
+@pytest.mark.skipif(int(transformers.__version__.split(".")[0]) < 5,
+                    reason="transformers 4 has no generic sentencepiece tokenizer class for AutoTokenizer")
 def test_a_sentencepiece_export_tokenizes_as_the_run_did(exports, tmp_path):
     import shutil
 
