@@ -88,6 +88,7 @@ def _run(args, seen_output) -> int:
 
     try:
         Trainer(cfg).fit()
+        _leave_process_group()
     except RunRefused as err:
         if rank == 0:
             print(f"error: {err}", file=sys.stderr, flush=True)
@@ -116,5 +117,16 @@ def _free_port() -> int:
         return probe.getsockname()[1]
 
 
+def _leave_process_group() -> None:
+    """Tear the process group down before the interpreter does: a communication thread still
+    running at exit aborts the process ("terminate called without an active exception", exit -6)
+    after a run that finished."""
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
 if __name__ == "__main__":
     sys.exit(main())
+

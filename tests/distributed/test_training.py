@@ -88,7 +88,8 @@ def kill_after_checkpoint(args: list[str], out: Path, tag: str, timeout: float =
 @pytest.mark.distributed
 def test_killed_runs_resume_exactly(shakespeare_shards, tmp_path):
     common = ["train.steps=12", "checkpoint.interval=6", "checkpoint.keep_last=5", "train.eval_interval=100",
-              "distributed.zero_stage=1"]  # partitioned optimizer shards: every rank writes into the partial tag
+              "distributed.zero_stage=1",  # partitioned optimizer shards: every rank writes into the partial tag
+              "tracking.tensorboard=true"]
     straight, interrupted = tmp_path / "straight", tmp_path / "interrupted"
     result = run_torchrun("-m", "implicit_megatron.train", TINY, *overrides(shakespeare_shards, straight, *common))
     assert result.returncode == 0, result.stdout[-5000:]
@@ -118,6 +119,15 @@ def test_killed_runs_resume_exactly(shakespeare_shards, tmp_path):
         assert abs(a[step]["train/loss"] - b[step]["train/loss"]) <= 1e-6, (step, a[step], b[step])
         assert a[step]["train/consumed_samples"] == b[step]["train/consumed_samples"] == step * 8
     assert (interrupted / "checkpoints" / "latest").read_text().strip() == "free-step12"
+
+    # TensorBoard: one curve over the three launches, each step's value the launch's that kept it
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(interrupted / "tensorboard"))
+    events.Reload()
+    curve = {e.step: e.value for e in events.Scalars("train/loss")}
+    assert [e.step for e in events.Scalars("train/loss")] == list(range(1, 13))
+    assert all(abs(curve[step] - b[step]["train/loss"]) <= 1e-5 * b[step]["train/loss"] for step in curve)
 
     from mlflow import MlflowClient
 
