@@ -6,6 +6,8 @@
 #       --security-opt seccomp=unconfined implicit-megatron:rocm
 # docs/cluster.md has the multi-node launch and the acceptance run. Every pin is an ARG (override with
 # --build-arg); tools/check_dockerfiles.py checks them against pyproject.toml in CI.
+# GPU_KERNELS=0 builds on a base without ROCm (tools/container_smoke.sh: a Debian base with CPU torch):
+# no fused kernels, any torch build is held as it is, and the models take their PyTorch paths, as on CPU.
 
 ARG BASE_IMAGE=rocm/pytorch:rocm6.4.1_ubuntu24.04_py3.12_pytorch_release_2.7.1
 FROM ${BASE_IMAGE}
@@ -22,6 +24,7 @@ ARG TRANSFORMERS_VERSION=4.57.6
 ARG MAX_JOBS=16
 ARG APP_USER=trainer
 ARG USER_UID=1000
+ARG GPU_KERNELS=1
 
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 # The build steps need root, whichever user the base image ends with.
@@ -45,7 +48,7 @@ ENV PYTORCH_ROCM_ARCH=${GPU_ARCH} \
 
 # Hold the image's torch (and the transformers that mamba-ssm needs): a later install that asks for
 # another version fails instead of replacing the ROCm build with a CUDA or CPU wheel.
-RUN python3 -c "import torch; assert torch.version.hip, torch.__version__; print('torch==' + torch.__version__.split('+')[0])" \
+RUN python3 -c "import torch; assert torch.version.hip or '${GPU_KERNELS}' == '0', torch.__version__; print('torch==' + torch.__version__.split('+')[0])" \
         > /opt/constraints.txt \
  && echo "transformers==${TRANSFORMERS_VERSION}" >> /opt/constraints.txt
 ENV PIP_CONSTRAINT=/opt/constraints.txt
@@ -61,12 +64,14 @@ RUN python3 -m pip install "ninja==1.13.2" "packaging>=24" "wheel==0.48.0" "psut
 
 # --no-build-isolation: compile against the image's torch (an isolated build would fetch another one);
 # --no-deps: their dependencies are installed above, so pip has no reason to touch torch or triton.
-RUN python3 -m pip install --no-build-isolation --no-deps "causal-conv1d==${CAUSAL_CONV1D_VERSION}" \
+RUN if [ "${GPU_KERNELS}" = 0 ]; then echo "GPU_KERNELS=0: no fused kernels, the PyTorch paths"; exit 0; fi \
+ && python3 -m pip install --no-build-isolation --no-deps "causal-conv1d==${CAUSAL_CONV1D_VERSION}" \
  && python3 -m pip install --no-build-isolation --no-deps "mamba-ssm==${MAMBA_SSM_VERSION}"
 
 # flash-attn for ROCm: AMD's fork with the composable_kernel (CK) backend, pinned by tag.
 # hadolint ignore=DL3013
-RUN python3 -m pip install --no-build-isolation --no-deps "flash-attn @ git+${FLASH_ATTN_REPO}@${FLASH_ATTN_REF}" \
+RUN if [ "${GPU_KERNELS}" = 0 ]; then exit 0; fi \
+ && python3 -m pip install --no-build-isolation --no-deps "flash-attn @ git+${FLASH_ATTN_REPO}@${FLASH_ATTN_REF}" \
  && python3 -c "from importlib.metadata import version; v = version('flash-attn'); assert v.startswith('${FLASH_ATTN_VERSION}'), v"
 
 # Training uses torch's AdamW, without offload, so it loads no DeepSpeed op: none is prebuilt
@@ -74,7 +79,10 @@ RUN python3 -m pip install --no-build-isolation --no-deps "flash-attn @ git+${FL
 RUN DS_BUILD_OPS=0 python3 -m pip install --no-build-isolation "deepspeed==${DEEPSPEED_VERSION}"
 
 # A non-root user (Ubuntu 24.04 images already have "ubuntu" with UID 1000), in the groups of the GPU devices.
-RUN if id ubuntu > /dev/null 2>&1; then userdel --remove ubuntu 2> /dev/null || true; fi \
+# USER_UID=0 (`--build-arg USER_UID="$(id -u)"` run as root) would make it root: refused with a line saying so.
+RUN if [ "${USER_UID}" = 0 ]; then echo "USER_UID=0 would run the image as root: as root on the host keep the default" \
+        "UID and chown it the mounted runs/ and data/cache" >&2; exit 1; fi \
+ && if id ubuntu > /dev/null 2>&1; then userdel --remove ubuntu 2> /dev/null || true; fi \
  && useradd --no-log-init --create-home --uid "${USER_UID}" --shell /bin/bash "${APP_USER}" \
  && usermod -aG video "${APP_USER}" \
  && if getent group render > /dev/null; then usermod -aG render "${APP_USER}"; fi
@@ -82,11 +90,14 @@ RUN if id ubuntu > /dev/null 2>&1; then userdel --remove ubuntu 2> /dev/null || 
 WORKDIR /workspace/implicit-megatron
 COPY --chown=${APP_USER}:${APP_USER} . .
 # The project with its eval extra; torch>=2.4 is met by the image's torch, which the constraints hold.
+# transformers is named again so that the resolver keeps to what it requires (huggingface-hub<1.0): left
+# out, the extra's datasets takes a huggingface-hub 1.x and transformers (and with it mamba-ssm) no longer
+# imports. The import below is the check.
 # hadolint ignore=DL3013
-RUN python3 -m pip install ".[eval]" \
+RUN python3 -m pip install ".[eval]" "transformers==${TRANSFORMERS_VERSION}" \
  && rm -rf build ./*.egg-info \
  && chown "${APP_USER}:${APP_USER}" . \
- && python3 -c "import torch, deepspeed, implicit_megatron; assert torch.version.hip, torch.__version__"
+ && python3 -c "import torch, deepspeed, transformers, implicit_megatron; assert torch.version.hip or '${GPU_KERNELS}' == '0', torch.__version__"
 
 USER ${APP_USER}
 CMD ["bash", "launch/pretrain.sh"]

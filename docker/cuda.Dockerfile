@@ -5,6 +5,8 @@
 #   docker run --rm -it --gpus all --ipc=host --shm-size=64g implicit-megatron:cuda
 # docs/cluster.md has the multi-node launch and the acceptance run. Every pin is an ARG (override with
 # --build-arg); tools/check_dockerfiles.py checks them against pyproject.toml in CI.
+# GPU_KERNELS=0 builds on a base without CUDA (tools/container_smoke.sh: a Debian base with CPU torch):
+# no fused kernels, any torch build is held as it is, and the models take their PyTorch paths, as on CPU.
 
 ARG BASE_IMAGE=pytorch/pytorch:2.7.1-cuda12.6-cudnn9-devel
 FROM ${BASE_IMAGE}
@@ -20,6 +22,7 @@ ARG TRANSFORMERS_VERSION=4.57.6
 ARG MAX_JOBS=16
 ARG APP_USER=trainer
 ARG USER_UID=1000
+ARG GPU_KERNELS=1
 
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 
@@ -39,7 +42,7 @@ ENV TORCH_CUDA_ARCH_LIST=${CUDA_ARCH_LIST} \
 
 # Hold the image's torch (and the transformers that mamba-ssm needs): a later install that asks for
 # another version fails instead of replacing the image's CUDA build.
-RUN python3 -c "import torch; assert torch.version.cuda, torch.__version__; print('torch==' + torch.__version__.split('+')[0])" \
+RUN python3 -c "import torch; assert torch.version.cuda or '${GPU_KERNELS}' == '0', torch.__version__; print('torch==' + torch.__version__.split('+')[0])" \
         > /opt/constraints.txt \
  && echo "transformers==${TRANSFORMERS_VERSION}" >> /opt/constraints.txt
 ENV PIP_CONSTRAINT=/opt/constraints.txt
@@ -50,26 +53,34 @@ RUN python3 -m pip install "ninja==1.13.2" "packaging>=24" "wheel==0.48.0" "psut
 
 # --no-build-isolation: compile against the image's torch (an isolated build would fetch another one);
 # --no-deps: their dependencies are installed above, so pip has no reason to touch torch or triton.
-RUN python3 -m pip install --no-build-isolation --no-deps "causal-conv1d==${CAUSAL_CONV1D_VERSION}" \
+RUN if [ "${GPU_KERNELS}" = 0 ]; then echo "GPU_KERNELS=0: no fused kernels, the PyTorch paths"; exit 0; fi \
+ && python3 -m pip install --no-build-isolation --no-deps "causal-conv1d==${CAUSAL_CONV1D_VERSION}" \
  && python3 -m pip install --no-build-isolation --no-deps "mamba-ssm==${MAMBA_SSM_VERSION}"
 
 # The longest step by far; lower MAX_JOBS if the build machine runs out of memory.
-RUN python3 -m pip install --no-build-isolation --no-deps "flash-attn==${FLASH_ATTN_VERSION}"
+RUN if [ "${GPU_KERNELS}" = 0 ]; then exit 0; fi \
+ && python3 -m pip install --no-build-isolation --no-deps "flash-attn==${FLASH_ATTN_VERSION}"
 
 # Training uses torch's AdamW, without offload, so it loads no DeepSpeed op: none is prebuilt
 # (DS_BUILD_OPS=0). `ds_report` lists them; one a config might need later compiles on first use.
 RUN DS_BUILD_OPS=0 python3 -m pip install --no-build-isolation "deepspeed==${DEEPSPEED_VERSION}"
 
-RUN useradd --no-log-init --create-home --uid "${USER_UID}" --shell /bin/bash "${APP_USER}"
+# A non-root user. USER_UID=0 (`--build-arg USER_UID="$(id -u)"` run as root) would make it root: refused.
+RUN if [ "${USER_UID}" = 0 ]; then echo "USER_UID=0 would run the image as root: as root on the host keep the default" \
+        "UID and chown it the mounted runs/ and data/cache" >&2; exit 1; fi \
+ && useradd --no-log-init --create-home --uid "${USER_UID}" --shell /bin/bash "${APP_USER}"
 
 WORKDIR /workspace/implicit-megatron
 COPY --chown=${APP_USER}:${APP_USER} . .
 # The project with its eval extra; torch>=2.4 is met by the image's torch, which the constraints hold.
+# transformers is named again so that the resolver keeps to what it requires (huggingface-hub<1.0): left
+# out, the extra's datasets takes a huggingface-hub 1.x and transformers (and with it mamba-ssm) no longer
+# imports. The import below is the check.
 # hadolint ignore=DL3013
-RUN python3 -m pip install ".[eval]" \
+RUN python3 -m pip install ".[eval]" "transformers==${TRANSFORMERS_VERSION}" \
  && rm -rf build ./*.egg-info \
  && chown "${APP_USER}:${APP_USER}" . \
- && python3 -c "import torch, deepspeed, implicit_megatron; assert torch.version.cuda, torch.__version__"
+ && python3 -c "import torch, deepspeed, transformers, implicit_megatron; assert torch.version.cuda or '${GPU_KERNELS}' == '0', torch.__version__"
 
 USER ${APP_USER}
 CMD ["bash", "launch/pretrain.sh"]

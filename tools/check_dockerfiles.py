@@ -8,7 +8,9 @@ without --no-cache-dir, ...). This adds: a base image pinned to a tag (hadolint 
 the ARG that names it), no pip install of torch (it would replace the image's GPU build), every
 kernel of pyproject's `gpu` extra and DeepSpeed built with --no-build-isolation (against the
 image's torch) and for the clusters' GPUs (gfx942; sm_80 and sm_90), pins that agree with
-pyproject.toml, the project installed, a non-root USER at all, and no ARG that nothing reads.
+pyproject.toml, and no ARG that nothing reads. What a build shows is left to one:
+tools/container_smoke.sh builds both images on a stand-in base (without the kernels) and checks in
+them that the project is installed and imports, and that the image runs as its non-root user.
 Prints one `FILE:LINE: message` per problem and exits 1 if there is any, else 0.
 """
 
@@ -113,7 +115,7 @@ def check(path: Path, shown: str, reqs: dict[str, list[Requirement]], gpu: list[
         span = range(instr["startline"], instr["endline"] + 1)
         return next((n for n in span if name in lines[n]), instr["startline"])
 
-    installed, project, arch_checked = set(), False, False
+    installed, arch_checked = set(), False
     for instr, context in steps:
         line, value = instr["startline"], instr["value"]
         if instr["instruction"] == "ARG":
@@ -124,7 +126,6 @@ def check(path: Path, shown: str, reqs: dict[str, list[Requirement]], gpu: list[
         if instr["instruction"] != "RUN":
             continue
         for options, packages in pip_installs(value):
-            project = project or any(p.startswith(".") for p in packages)
             for word in packages:
                 try:
                     req = Requirement(word)
@@ -151,12 +152,6 @@ def check(path: Path, shown: str, reqs: dict[str, list[Requirement]], gpu: list[
                         check_pin(name, spec.version, reqs, lambda m, line=line: say(line, m))
     for package in (p for p in gpu if p not in installed):
         say(froms[-1][0]["startline"], f"the image does not install {package} (pyproject.toml's gpu extra)")
-    if not project:
-        say(froms[-1][0]["startline"], "the image does not install the project (pip install \".[eval]\")")
-    final = steps[steps.index(froms[-1]):]
-    if not any(i["instruction"] == "USER" for i, _ in final):
-        start = next((i["startline"] for i, _ in final if i["instruction"] in ("CMD", "ENTRYPOINT")), len(steps))
-        say(start, "the image runs as root: add a USER (not root) before CMD/ENTRYPOINT")
     text = path.read_text()
     for instr, _ in steps:
         for name in re.findall(r"(\w+)=", instr["value"]) if instr["instruction"] == "ARG" else []:

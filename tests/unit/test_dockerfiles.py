@@ -77,7 +77,6 @@ BROKEN = {
     "latest": (CUDA, "ARG BASE_IMAGE=pytorch/pytorch:2.7.1-cuda12.6-cudnn9-devel",
                "ARG BASE_IMAGE=pytorch/pytorch:latest", "FROM ${BASE_IMAGE}", ["`latest`"]),
     "root user": (ROCM, "USER ${APP_USER}", "USER 0:0", "USER 0:0", ["hadolint DL3002", "should not be root"]),
-    "no user": (CUDA, "USER ${APP_USER}\n", "", "CMD [", ["runs as root"]),
     "pip install torch": (ROCM, "USER ${APP_USER}", "RUN python3 -m pip install torch==2.7.1\nUSER ${APP_USER}",
                           "pip install torch==", ["torch", "replace"]),
     "build isolation": (CUDA, '--no-build-isolation --no-deps "causal-conv1d', '--no-deps "causal-conv1d',
@@ -123,3 +122,14 @@ def test_launch_examples_are_well_formed():
              if line.strip() and not line.lstrip().startswith("#")]
     assert len(hosts) >= 2 and all(len(h) == 2 and h[1].startswith("slots=") and h[1][6:].isdigit() for h in hosts)
     subprocess.run(["bash", "-n", str(ROOT / "launch/examples/slurm.sbatch")], check=True)
+
+
+@pytest.mark.parametrize("source", [ROCM, CUDA], ids=["rocm", "cuda"])
+def test_kernels_built_by_default(source):
+    """GPU_KERNELS=0 is for a stand-in base (tools/container_smoke.sh); a plain build builds the kernels and
+    asserts the base's GPU build of torch."""
+    text = source.read_text()
+    assert "\nARG GPU_KERNELS=1\n" in text
+    runs = [block for block in text.split("\nRUN ")[1:] if "--no-build-isolation --no-deps" in block]
+    assert len(runs) == 2 and all(block.startswith('if [ "${GPU_KERNELS}" = 0 ]; then') for block in runs), runs
+    assert text.count("or '${GPU_KERNELS}' == '0'") == 2  # the torch assertions
