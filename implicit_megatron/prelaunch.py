@@ -92,6 +92,13 @@ def builds_from_source(prefix: str) -> bool:
     return any(parts[i:i + 2] == ("data", "cache") for i in range(len(parts) - 1))
 
 
+def first_unwritable(folder: Path) -> Path | None:
+    """The folder, or its nearest existing parent (where it would be made), if this user cannot write it."""
+    while not folder.exists() and folder.parent != folder:
+        folder = folder.parent
+    return None if os.access(folder, os.W_OK | os.X_OK) else folder
+
+
 def validate_data(cfg: Config, fail) -> None:
     """Every prefix has whole shards (data_pipeline.shard_check) for training, and enough tokens for
     one sample; a missing prefix is an error unless data.source builds it."""
@@ -105,6 +112,11 @@ def validate_data(cfg: Config, fail) -> None:
                 shards = find_shards(prefix, split)
             except FileNotFoundError:
                 if i == 0 and cfg.data.source is not None and builds_from_source(prefix):
+                    unwritable = first_unwritable(Path(prefix).parent)
+                    if unwritable is not None:  # e.g. a container's user that does not own a mounted data/cache
+                        fail(key, f"{prefix!r} is to be tokenized from data.source, but {unwritable} is not writable "
+                                  f"by this user (uid {os.getuid()}): change its owner, or build the image with "
+                                  f"USER_UID of its owner")
                     break  # the quickstart: tokenized from data.source on first use
                 if split == "valid":
                     continue  # validation then reports that it has no data

@@ -90,3 +90,18 @@ def test_a_mistyped_prefix_is_refused_with_or_without_a_source(shards):
 def test_a_split_too_small_for_one_sample_is_refused(shards):
     err = refused_before_launch(shards, "data.seq_len=100000000")
     assert "holds" in err.message and "fewer than one sample" in err.message
+
+
+def test_a_cache_folder_this_user_cannot_write_is_refused_before_launch(tmp_path, monkeypatch):
+    """A container's user that does not own the mounted data/cache: named before any process starts,
+    not a traceback from the first rank's tokenization. (Root may write anywhere, so the refusal of
+    write access is the one thing stood in for.)"""
+    import os
+
+    cache = tmp_path / "data" / "cache"
+    cache.mkdir(parents=True)
+    real_access = os.access
+    monkeypatch.setattr(os, "access", lambda path, mode: Path(path) != cache and real_access(path, mode))
+    err = refused_before_launch(str(cache / "shakespeare" / "neox"), "data.source=data/corpus/shakespeare.jsonl.zst")
+    assert f"{cache} is not writable by this user (uid {os.getuid()})" in err.message
+    assert "USER_UID" in err.message
