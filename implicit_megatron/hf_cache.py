@@ -64,20 +64,9 @@ class SequentialState:
 
 
 def with_room(state: BackboneState, tokens: int) -> BackboneState:
-    """The state with room for `tokens` tokens: a full Llama KV cache is copied into buffers of
-    twice the size (or `tokens`), so that growing one token at a time costs O(1) per token.
-    Mamba2 states have a constant size and are returned as they are."""
-    return tuple(_grown(layer, tokens) for layer in state)
-
-
-def _grown(layer: LayerState, tokens: int) -> LayerState:
-    if not isinstance(layer, KVCache) or layer.k.shape[2] >= tokens:
-        return layer
-    capacity = max(tokens, 2 * layer.k.shape[2])
-    k, v = (buffer.new_zeros(*buffer.shape[:2], capacity, buffer.shape[3]) for buffer in (layer.k, layer.v))
-    k[:, :, :layer.k.shape[2]] = layer.k
-    v[:, :, :layer.v.shape[2]] = layer.v
-    return dataclasses.replace(layer, k=k, v=v)
+    """The state with room for `tokens` tokens (Llama's KV caches grow, `KVCache.with_room`; Mamba2
+    states have a constant size and are returned as they are)."""
+    return tuple(layer.with_room(tokens) if isinstance(layer, KVCache) else layer for layer in state)
 
 
 def _select_rows(layer: LayerState, rows: torch.Tensor) -> LayerState:

@@ -8,7 +8,7 @@ states stay valid when the same state is stepped many times (see `KVCache`).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import torch.nn.functional as F
@@ -38,6 +38,18 @@ class KVCache:
     length: int = 0
     last_k: torch.Tensor | None = None
     last_v: torch.Tensor | None = None
+
+    def with_room(self, tokens: int) -> KVCache:
+        """This cache with buffers of at least `tokens` slots: when full, copied into buffers of twice
+        the capacity (or `tokens`), so that growing one token at a time costs O(1) per token.
+        For callers that do not know the final length up front (transformers' `generate`)."""
+        capacity = self.k.shape[2]
+        if capacity >= tokens:
+            return self
+        b, heads, _, hd = self.k.shape
+        k, v = (buffer.new_zeros(b, heads, max(tokens, 2 * capacity), hd) for buffer in (self.k, self.v))
+        k[:, :, :capacity], v[:, :, :capacity] = self.k, self.v
+        return replace(self, k=k, v=v)
 
 
 def rotate_half(x: torch.Tensor) -> torch.Tensor:
