@@ -35,19 +35,6 @@ ACCURACY = ("Accuracy", "accuracy", [("train/accuracy", False), ("val/accuracy",
 VALIDATION_STYLE = {"linestyle": "--", "marker": "o", "markersize": 3}
 
 
-def pyplot():
-    """matplotlib on its file-only backend, or one line saying how to install it."""
-    try:
-        import matplotlib
-    except ImportError:
-        raise SystemExit("plot_run: matplotlib is not installed; install the eval extra: "
-                         "pip install -e .[eval]  (or: bash scripts/setup.sh eval)") from None
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
 def with_train_ppl(run):
     """exp(train/loss) as train/ppl: a training perplexity to set beside the validation one."""
     if run.has("train/loss") and not run.has("train/ppl"):
@@ -135,6 +122,8 @@ def legend(fig, runs, names, colours) -> None:
 
 def plot(runs, output: Path, title: str | None = None) -> Path:
     """Every panel for these runs into one PNG at `output`."""
+    from implicit_megatron.evaluation.plots import pyplot
+
     plt = pyplot()
     runs = [with_train_ppl(run) for run in runs]
     names, colours = legend_names(runs), phase_colours(runs)
@@ -166,10 +155,15 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
-    pyplot()  # the missing-matplotlib line before any run is read
+    from implicit_megatron.evaluation.plots import pyplot
     from implicit_megatron.run_curves import NotARunError, read_run
     from implicit_megatron.utils.typed_yaml import ConfigError
 
+    try:
+        pyplot()  # a missing matplotlib is said before any run is read
+    except ImportError as err:
+        print(f"plot_run: {err}", file=sys.stderr)
+        return 2
     try:
         runs = [read_run(folder) for folder in args.runs]
     except NotARunError as err:

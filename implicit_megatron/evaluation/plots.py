@@ -7,9 +7,14 @@ from pathlib import Path
 
 
 def pyplot():
-    import matplotlib
-
-    matplotlib.use("Agg")  # files only; no display on clusters
+    """matplotlib's pyplot on its file-only backend (no display on clusters); without matplotlib an
+    ImportError that says how to install it."""
+    try:
+        import matplotlib
+    except ImportError:
+        raise ImportError("matplotlib is not installed; install the eval extra: bash scripts/setup.sh eval "
+                          "(or pip install -e .[eval])") from None
+    matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     return plt

@@ -106,6 +106,6 @@ def test_without_matplotlib_one_line_says_how_to_install_it(tmp_path):
             f"sys.argv = ['plot_run', {str(tmp_path)!r}, '--output', 'x.png']; "
             "runpy.run_path('tools/plot_run.py', run_name='__main__')")
     result = subprocess.run([sys.executable, "-c", hide], cwd=ROOT, capture_output=True, text=True, timeout=60)
-    assert result.returncode == 1 and "Traceback" not in result.stderr
+    assert result.returncode == 2 and "Traceback" not in result.stderr
     assert result.stderr.strip() == ("plot_run: matplotlib is not installed; install the eval extra: "
-                                     "pip install -e .[eval]  (or: bash scripts/setup.sh eval)")
+                                     "bash scripts/setup.sh eval (or pip install -e .[eval])")
