@@ -103,17 +103,25 @@ def missing_data(manager, tasks: list[str]) -> tuple[list[str], bool]:
 
 def check_tasks(options: LmEvalOptions):
     """lm-eval's task manager for `options`, once every task is known and, offline, its data can be
-    loaded; otherwise MissingTaskData (or ValueError for unknown names), in one line."""
-    offline = settle_offline_mode(options.include_path)
+    loaded; otherwise MissingTaskData (or ValueError for unknown names), in one line. A check that
+    passed is not repeated in the process (evaluate checks before loading the model, and again
+    where lm_eval runs)."""
     include_defaults = options.include_path is None if options.include_defaults is None else options.include_defaults
-    manager = task_manager(options.include_path, include_defaults)
-    unknown = [t for t in options.tasks if t not in manager.all_tasks]
+    return checked_tasks(options.include_path, include_defaults, tuple(options.tasks))
+
+
+@functools.lru_cache(maxsize=4)
+def checked_tasks(include_path: str | None, include_defaults: bool, tasks: tuple[str, ...]):
+    """check_tasks, remembered when it passes (a failure raises, and is not remembered)."""
+    offline = settle_offline_mode(include_path)
+    manager = task_manager(include_path, include_defaults)
+    unknown = [t for t in tasks if t not in manager.all_tasks]
     if unknown:
-        where = options.include_path or "lm-eval's default tasks"
+        where = include_path or "lm-eval's default tasks"
         raise ValueError(f"unknown lm-eval task(s) {', '.join(unknown)} in {where}")
     if offline is None:
         return manager
-    missing, uncached = missing_data(manager, list(options.tasks))
+    missing, uncached = missing_data(manager, list(tasks))
     if missing:
         import datasets
 

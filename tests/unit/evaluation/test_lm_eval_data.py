@@ -62,3 +62,30 @@ def test_only_plain_tasks_name_a_data_set():
     assert data_source(entry("GROUP", dataset_path="a")) is None
     assert data_source(entry(dataset_path="a", custom_dataset="module.load")) is None
     assert data_source(None) is None
+
+
+def test_a_passed_check_is_not_repeated_and_a_failed_one_is(clean_env, monkeypatch):
+    """evaluate checks before the model loads and again where lm_eval runs: the data sets are looked
+    up once. A check that failed is run again (the data may have been provided since)."""
+    from pathlib import Path
+
+    from implicit_megatron.evaluation import lm_eval_data
+    from implicit_megatron.evaluation.lm_eval_run import LmEvalOptions
+
+    tasks = str(Path(__file__).parent / "fixtures" / "lm_eval")
+    looked_up = []
+    real = lm_eval_data.missing_data
+    monkeypatch.setattr(lm_eval_data, "missing_data", lambda manager, names: looked_up.append(names) or
+                        real(manager, names))
+    lm_eval_data.checked_tasks.cache_clear()
+    options = LmEvalOptions(tasks=["tiny_piqa"], include_path=tasks)
+    first = lm_eval_data.check_tasks(options)
+    assert lm_eval_data.check_tasks(options) is first and looked_up == [["tiny_piqa"]]
+
+    monkeypatch.setattr(lm_eval_data, "missing_data", lambda manager, names: (["tiny_gen (json: gone)"], False))
+    broken = LmEvalOptions(tasks=["tiny_gen"], include_path=tasks)
+    for _ in range(2):
+        with pytest.raises(lm_eval_data.MissingTaskData, match=r"^lm_eval cannot get the data of 1 task\(s\): "
+                                                               r"tiny_gen \(json: gone\)$"):
+            lm_eval_data.check_tasks(broken)
+    lm_eval_data.checked_tasks.cache_clear()
