@@ -129,4 +129,3 @@ def _leave_process_group() -> None:
 
 if __name__ == "__main__":
     sys.exit(main())
-

@@ -42,7 +42,7 @@ class StepProgress:
             self.say(f"{self.label}: {text.strip()}")
 
     def advance(self, step: int, total: int, loss: re.Match | None, eta: re.Match | None = None) -> None:
-        if step <= self.step:  # a step already shown (its validation, in older logs)
+        if step <= self.step:  # steps only move forward: a line repeated is shown once
             return
         self.step = step
         loss_text = f"loss {loss.group(1)}" if loss else ""

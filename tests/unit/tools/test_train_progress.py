@@ -16,7 +16,7 @@ for step in range(1, 5):
     print(f"[train] step {step}/4  loss {1.0 / step:.4g}  lr 0.001", flush=True)
     if step == 2:
         print("[train] warning: the solver converged in no step of the last 5 intervals", flush=True)
-print("[train] step 4/4  loss 0.31  accuracy 0.5", flush=True)  # the validation record of step 4
+print("[train] step 4/4  loss 0.31  accuracy 0.5", flush=True)  # the same step again: shown once
 print("Traceback: something broke", file=sys.stderr, flush=True)
 sys.exit(3)
 """
