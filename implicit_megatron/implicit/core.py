@@ -270,8 +270,7 @@ class ImplicitCore(nn.Module):
     def _drop_graphs(self) -> None:
         self._graphs.clear()
         self._pool = None
-        if torch.cuda.is_available():
-            torch.cuda.empty_cache()  # the graphs' pools go back to the device
+        torch.cuda.empty_cache()  # the graphs' pools go back to the device (a no-op where CUDA never started)
 
     def _solver_pool(self):
         """One memory pool for every shape's solver graph: nothing of theirs outlives a replay but

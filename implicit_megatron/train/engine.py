@@ -24,12 +24,16 @@ def init_distributed(cfg: Config) -> None:
     if not torch.cuda.is_available():
         # DeepSpeed otherwise compiles a shared-memory op (~90 s) at the first init on CPU.
         deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
-    backend = cfg.distributed.backend
-    if backend == "auto":
-        backend = "nccl" if torch.cuda.is_available() else "gloo"
-    deepspeed.init_distributed(dist_backend=backend, verbose=False)
+    deepspeed.init_distributed(dist_backend=process_group_backend(cfg), verbose=False)
     if torch.cuda.is_available():
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+
+
+def process_group_backend(cfg: Config) -> str:
+    """distributed.backend, with `auto` as NCCL (RCCL on ROCm) where there are GPUs, else gloo."""
+    if cfg.distributed.backend != "auto":
+        return cfg.distributed.backend
+    return "nccl" if torch.cuda.is_available() else "gloo"
 
 
 def deepspeed_config(cfg: Config, world_size: int, load_universal: bool = False) -> dict:

@@ -220,8 +220,6 @@ class Trainer:
             return {}
         metrics.update({"train/lr": learning_rate(self.progress.step - 1, self.cfg),
                         "train/consumed_samples": self.progress.consumed_samples, **self.timers.read()})
-        if torch.cuda.is_available():
-            metrics["memory/max_allocated_gib"] = torch.cuda.max_memory_allocated() / 2**30
         return metrics
 
     def evaluate(self) -> dict[str, float]:

@@ -47,7 +47,7 @@ class Reporter:
         if "solver/residual" in metrics:
             (reduced["solver/residual"],) = reduce_over_ranks([metrics["solver/residual"]], self.device,
                                                               dist.ReduceOp.MAX)
-        metrics = {**metrics, **reduced, "memory/host_rss_gib": peak_host_rss_gib()}
+        metrics = {**metrics, **reduced, **memory_metrics()}
         self.convergence.observe(metrics, settings, step)
         if "train/loss" in metrics:
             warning = self.divergence.observe(metrics["train/loss"], step)
@@ -84,6 +84,14 @@ class Reporter:
         skipped_text = (f"; {skipped} steps skipped with non-finite losses (their updates not applied)"
                         if skipped else "")
         self.log(f"done at step {step}{measure}{skipped_text}; checkpoints in {checkpoint_dir(self.cfg)}")
+
+
+def memory_metrics() -> dict[str, float]:
+    """This rank's peak memory: the GPU's allocated bytes where there is one, and the host's RSS."""
+    memory = {"memory/host_rss_gib": peak_host_rss_gib()}
+    if torch.cuda.is_available():
+        memory["memory/max_allocated_gib"] = torch.cuda.max_memory_allocated() / 2**30
+    return memory
 
 
 def peak_host_rss_gib() -> float:
