@@ -10,10 +10,18 @@ from __future__ import annotations
 
 import json
 import os
+from pathlib import Path
 
 from data_pipeline.pipeline import PreprocessConfig, run_preprocess
 from data_pipeline.plan import file_sha256
 from data_pipeline.tokenizer import load_tokenizer
+
+
+def builds_from_source(prefix: str) -> bool:
+    """Shards are built from a config's data.source only into a prefix under a data/cache/ folder (as
+    the quickstart's): anywhere else a missing prefix is more likely a typo than a wish."""
+    parts = Path(prefix).resolve().parts
+    return any(parts[i:i + 2] == ("data", "cache") for i in range(len(parts) - 1))
 
 
 def ensure_shards(source: str, prefix: str, tokenizer: str, valid_fraction: float, test_fraction: float,

@@ -9,8 +9,11 @@ from __future__ import annotations
 
 import os
 
+from implicit_megatron.hf import legacy_names
+
 # Importing MLflow otherwise looks up telemetry on the network; clusters are often offline.
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+legacy_names.install()  # folders exported by earlier versions import modules that have moved
 
 
 def load_config(path, overrides=(), **kwargs):
@@ -30,7 +33,7 @@ def build_model(cfg, device=None, dtype=None):
 
 def from_pretrained(folder, device=None, dtype=None):
     """A model from a folder written by `tools/convert_checkpoint.py export`."""
-    from implicit_megatron.export import from_pretrained as _load
+    from implicit_megatron.hf.export import from_pretrained as _load
 
     return _load(folder, device=device, dtype=dtype)
 

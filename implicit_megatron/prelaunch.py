@@ -85,13 +85,6 @@ def validate_tokenizer(cfg: Config, fail) -> None:
                                  f"{path} ({vocab} tokens)")
 
 
-def builds_from_source(prefix: str) -> bool:
-    """Shards are built from data.source only into a prefix under a data/cache/ folder (as the
-    quickstart's): anywhere else a missing prefix is more likely a typo than a wish."""
-    parts = Path(prefix).resolve().parts
-    return any(parts[i:i + 2] == ("data", "cache") for i in range(len(parts) - 1))
-
-
 def first_unwritable(folder: Path) -> Path | None:
     """The folder, or its nearest existing parent (where it would be made), if this user cannot write it."""
     while not folder.exists() and folder.parent != folder:
@@ -102,6 +95,7 @@ def first_unwritable(folder: Path) -> Path | None:
 def validate_data(cfg: Config, fail) -> None:
     """Every prefix has whole shards (data_pipeline.shard_check) for training, and enough tokens for
     one sample; a missing prefix is an error unless data.source builds it."""
+    from data_pipeline.build import builds_from_source
     from data_pipeline.indexed import find_shards
     from data_pipeline.shard_check import ShardError, check_shard
 
@@ -187,14 +181,14 @@ def validate_catbabi(cfg: Config, fail, check_files: bool, check_data: bool) -> 
             fail("task.catbabi.folder" if split == "train" else "task.catbabi.eval_split", str(err))
     if not check_data:
         return
-    from implicit_megatron.train.catbabi_task import load_vocabulary, windows
+    from data_pipeline.synthetic.catbabi import folder_vocabulary, split_windows
 
-    words = len(load_vocabulary(c.folder, c.split_answers))
+    words = len(folder_vocabulary(c.folder, c.split_answers))
     if cfg.model.vocab_size < words:
         fail("model.vocab_size", f"{cfg.model.vocab_size} is smaller than the catbAbI vocabulary of {c.folder} "
                                  f"({words} words); set model.vocab_size >= {words}")
     for split in ("train", c.eval_split):
         try:
-            windows(c.folder, split, c.split_answers, cfg.data.seq_len, None)
+            split_windows(c.folder, split, c.split_answers, cfg.data.seq_len, None)
         except ValueError as err:
             fail("data.seq_len", str(err))

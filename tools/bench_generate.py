@@ -29,7 +29,7 @@ sys.path.insert(0, str(ROOT))
 
 def write_random_export(config: str, out: Path) -> Path:
     from implicit_megatron import build_model, load_config
-    from implicit_megatron.export import write_folder
+    from implicit_megatron.hf.export import write_folder
 
     path = Path(config) if Path(config).is_file() else ROOT / "configs" / f"{config}.yaml"
     cfg = load_config(path, [f"data.tokenizer={ROOT / 'data/tokenizers/gpt-neox-20b.json.xz'}"])

@@ -57,9 +57,9 @@ def main(argv: list[str] | None = None) -> int:
 
     safe_load.set_trust(args.trust_checkpoint)
     from implicit_megatron.checkpoints.universal import universal_of
-    from implicit_megatron.export import export
-    from implicit_megatron.import_released import export_released_from, import_released, is_released
-    from implicit_megatron.import_weights import import_explicit
+    from implicit_megatron.hf.export import export
+    from implicit_megatron.hf.import_explicit import import_explicit
+    from implicit_megatron.hf.released import export_released_from, import_released, is_released
 
     try:
         if args.command == "export" and args.format == "released":

@@ -92,7 +92,7 @@ def progress_bars():
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
     from implicit_megatron.checkpoints import safe_load
-    from implicit_megatron.evaluation.lm_eval_run import PAPER_TASKS, LmEvalOptions
+    from implicit_megatron.evaluation.lm_eval_options import PAPER_TASKS, LmEvalOptions
     from implicit_megatron.evaluation.loading import NotAModelError
     from implicit_megatron.evaluation.phases import SolverChoice
     from implicit_megatron.evaluation.runner import EvalOptions, run_evaluation

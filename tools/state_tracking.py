@@ -129,7 +129,7 @@ def evaluate(out: Path, args: argparse.Namespace) -> dict[str, dict]:
     from data_pipeline.synthetic.word_problem import generate
     from implicit_megatron.builder import build_model
     from implicit_megatron.evaluation.word_problems import evaluate_words
-    from implicit_megatron.export import read_checkpoint
+    from implicit_megatron.hf.export import read_checkpoint
 
     checkpoint = (out / "checkpoints" / "latest").read_text().strip()
     path = out / "test_results.json"

@@ -19,6 +19,7 @@ per task (`per_task_accuracy`).  Malformed lines are skipped, counted and named 
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -31,6 +32,7 @@ import numpy as np
 
 PAD, EOS, UNK = "<pad>", "<eos>", "<unk>"
 SPECIALS = (PAD, EOS, UNK)
+SPLITS = ("train", "valid", "test")
 VOCAB_FORMAT = "catbabi-vocab"
 BABI_LINE = re.compile(r"^(\d+) (\S.*)$")
 WORDS = re.compile(r"[^\s.?]+|[.?]")
@@ -264,6 +266,33 @@ def build_stream(stories: Sequence[Story], vocab: Vocabulary, shuffle_seed: int 
     if not tokens:
         return CatbabiStream(np.zeros(0, np.int32), np.zeros(0, bool), np.zeros(0, np.int16))
     return CatbabiStream(np.concatenate(tokens), np.concatenate(mask), np.concatenate(tasks))
+
+
+@functools.cache
+def folder_vocabulary(folder: str, split_answers: bool):
+    """The word vocabulary of every split present in `folder` (sorted: the same on every rank)."""
+    stories = []
+    for split in SPLITS:
+        try:
+            split_files(folder, split)
+        except FileNotFoundError:
+            continue
+        stories += load_split(folder, split, split_answers).stories
+    return Vocabulary.build(stories)
+
+
+def split_windows(folder: str, split: str, split_answers: bool, seq_len: int, seed: int | None) -> np.ndarray:
+    """(windows, 3, seq_len + 1) int64: token ids, answer marks (1 on an answer) and task numbers of
+    consecutive windows of the split's stream; stories shuffled with `seed`, in file order if None."""
+    stream = build_stream(load_split(folder, split, split_answers).stories, folder_vocabulary(folder, split_answers),
+                          shuffle_seed=seed)
+    count = (len(stream.tokens) - 1) // seq_len
+    if count < 1:
+        raise ValueError(f"catbAbI {split} in {folder}: {len(stream.tokens)} tokens do not fill one window of "
+                         f"data.seq_len + 1 = {seq_len + 1}")
+    rows = np.arange(count)[:, None] * seq_len + np.arange(seq_len + 1)
+    channels = (stream.tokens, stream.answer_mask, stream.task_ids)
+    return np.stack([np.asarray(c, dtype=np.int64)[rows] for c in channels], axis=1)
 
 
 def per_task_accuracy(predictions: np.ndarray, targets: np.ndarray, answer_mask: np.ndarray,

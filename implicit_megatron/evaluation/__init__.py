@@ -12,6 +12,7 @@ One job per module:
     generation.py   sampling and sequential-mode generation with constant memory in the passes
     lm_adapter.py   the model registered in lm-evaluation-harness as "implicit_megatron"
     lm_eval_run.py  running harness tasks through that adapter or transformers' "hf" model
+    lm_eval_options.py what a harness run is asked for: tasks, where they come from, the backend
     lm_eval_data.py whether the tasks can get their data here, said in one line before a model loads
     report.py       markdown tables in the paper's layout
     plots.py        PNG figures (per-position perplexity, passes per token, duality)

@@ -17,7 +17,7 @@ import os
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from implicit_megatron.evaluation.lm_eval_run import LmEvalOptions
+    from implicit_megatron.evaluation.lm_eval_options import LmEvalOptions
 
 OFFLINE_VARIABLES = ("HF_DATASETS_OFFLINE", "HF_HUB_OFFLINE")
 PROBE_SECONDS = 3.0

@@ -10,26 +10,11 @@ trust_remote_code=True, set to the same solver phase as our adapter.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
 
 from implicit_megatron.evaluation.lm_eval_data import check_tasks
+from implicit_megatron.evaluation.lm_eval_options import LmEvalOptions
 from implicit_megatron.evaluation.loading import LoadedModel
 from implicit_megatron.evaluation.phases import apply_solver
-
-PAPER_TASKS = ("lambada_openai", "hellaswag", "piqa", "arc_easy", "arc_challenge", "winogrande", "openbookqa")
-
-
-@dataclass
-class LmEvalOptions:
-    tasks: list[str] = field(default_factory=lambda: list(PAPER_TASKS))
-    include_path: str | None = None  # a folder of local task YAMLs
-    include_defaults: bool | None = None  # None: only when no include_path is given
-    backend: str = "implicit_megatron"  # or "hf" (an exported folder through transformers)
-    batch_size: int = 8
-    max_length: int | None = None  # None: the run's training length
-    limit: int | None = None  # documents per task
-    num_fewshot: int | None = None
-    mode: str = "simultaneous"  # how our adapter scores
 
 
 def build_lm(loaded: LoadedModel, options: LmEvalOptions):

@@ -45,7 +45,7 @@ class LoadedModel:
 def classify(path: str | Path) -> tuple[str, Path, str | None]:
     """("checkpoint", checkpoints folder, tag) or ("export", folder, None); NotAModelError otherwise."""
     from implicit_megatron.checkpoints.layout import LATEST, MODEL_STATES, ZERO3_MODEL_STATES
-    from implicit_megatron.export import CONFIG_FILE, MODEL_FILE
+    from implicit_megatron.hf.export import CONFIG_FILE, MODEL_FILE
 
     folder = Path(path)
     if not folder.exists():
@@ -67,7 +67,7 @@ def load_model(path: str | Path, device: str | torch.device = "cpu", dtype: torc
     """Load for evaluation; `choice` overrides the phase, pass cap or tolerance of the solver."""
     from implicit_megatron.builder import build_model, remove_weight_norm
     from implicit_megatron.checkpoints.layout import phase_of, read_latest
-    from implicit_megatron.export import from_pretrained, read_checkpoint, read_folder_config
+    from implicit_megatron.hf.export import from_pretrained, read_checkpoint, read_folder_config
 
     kind, folder, tag = classify(path)
     if kind == "export":

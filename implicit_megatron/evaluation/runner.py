@@ -22,7 +22,8 @@ from implicit_megatron.evaluation import plots, report
 from implicit_megatron.evaluation.duality import compare_modes
 from implicit_megatron.evaluation.dynamics import summarize
 from implicit_megatron.evaluation.lm_eval_data import check_tasks
-from implicit_megatron.evaluation.lm_eval_run import LmEvalOptions, run_lm_eval
+from implicit_megatron.evaluation.lm_eval_options import LmEvalOptions
+from implicit_megatron.evaluation.lm_eval_run import run_lm_eval
 from implicit_megatron.evaluation.loading import LoadedModel, classify, load_model
 from implicit_megatron.evaluation.merge import merge_into, remove_stale_plots
 from implicit_megatron.evaluation.perplexity import NLLResult, position_buckets, token_nll

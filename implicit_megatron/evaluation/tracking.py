@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 from implicit_megatron.config import Config
-from implicit_megatron.tracking import RUN_ID_FILE
+from implicit_megatron.tracking.tracker import RUN_ID_FILE
 
 
 def flat_metrics(results: dict) -> dict[str, float]:

@@ -20,45 +20,22 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from data_pipeline.synthetic.catbabi import folder_vocabulary, split_windows
 from implicit_megatron.config import Config
 from implicit_megatron.errors import RunRefused
 from implicit_megatron.models.loss import IGNORE_INDEX
-from implicit_megatron.train.tasks import GlobalBatchStream, order_digest, split_fixed_set
+from implicit_megatron.train.batch_streams import GlobalBatchStream, order_digest, split_fixed_set
 
 TASKS = 20  # bAbI task numbers run from 1 to 20; metrics are named accuracy_task<N>
-SPLITS = ("train", "valid", "test")
 VOCAB_FILE = "catbabi_vocab.json"
 
 
-@functools.cache
-def load_vocabulary(folder: str, split_answers: bool):
-    """The word vocabulary of every split present in `folder`."""
-    from data_pipeline.synthetic.catbabi import Vocabulary, load_split, split_files
-
-    stories = []
-    for split in SPLITS:
-        try:
-            split_files(folder, split)
-        except FileNotFoundError:
-            continue
-        stories += load_split(folder, split, split_answers).stories
-    return Vocabulary.build(stories)
-
-
 def windows(folder: str, split: str, split_answers: bool, seq_len: int, seed: int | None) -> np.ndarray:
-    """(windows, 3, seq_len + 1) int64: token ids, answer marks (1 on an answer) and task numbers of
-    consecutive windows of the split's stream; stories shuffled with `seed`, in file order if None."""
-    from data_pipeline.synthetic.catbabi import build_stream, load_split
-
-    stream = build_stream(load_split(folder, split, split_answers).stories, load_vocabulary(folder, split_answers),
-                          shuffle_seed=seed)
-    count = (len(stream.tokens) - 1) // seq_len
-    if count < 1:
-        raise RunRefused(f"catbAbI {split} in {folder}: {len(stream.tokens)} tokens do not fill one window of "
-                         f"data.seq_len + 1 = {seq_len + 1}")
-    rows = np.arange(count)[:, None] * seq_len + np.arange(seq_len + 1)
-    channels = (stream.tokens, stream.answer_mask, stream.task_ids)
-    return np.stack([np.asarray(c, dtype=np.int64)[rows] for c in channels], axis=1)
+    """data_pipeline's split_windows; a split too short for one window refuses the run in one line."""
+    try:
+        return split_windows(folder, split, split_answers, seq_len, seed)
+    except ValueError as err:
+        raise RunRefused(str(err)) from None
 
 
 def group_hits(logits: torch.Tensor, labels: torch.Tensor, groups: torch.Tensor, vocab_size: int,
@@ -89,7 +66,7 @@ class CatbabiTask:
     def prepare(self) -> None:
         """Save the vocabulary beside the run (what generation and analysis decode with)."""
         c = self.options
-        load_vocabulary(c.folder, c.split_answers).save(Path(self.cfg.output_dir) / VOCAB_FILE)
+        folder_vocabulary(c.folder, c.split_answers).save(Path(self.cfg.output_dir) / VOCAB_FILE)
 
     def train_batches(self, rank: int, world: int, accum: int) -> GlobalBatchStream:
         return GlobalBatchStream(self.global_batch, self.cfg.train.global_batch_size,

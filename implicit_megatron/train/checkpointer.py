@@ -38,7 +38,7 @@ from implicit_megatron.checkpoints.universal import to_universal
 from implicit_megatron.checkpoints.weights import model_settings_changed
 from implicit_megatron.config import Config
 from implicit_megatron.errors import RunRefused
-from implicit_megatron.tracking import drop_metrics_after
+from implicit_megatron.tracking.metrics_file import drop_metrics_after
 from implicit_megatron.train.handoff import (
     Source,
     find_source,

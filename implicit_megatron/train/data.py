@@ -10,12 +10,11 @@ QUICKSTART_SPLIT = 0.05  # valid and test fractions when a small bundled corpus 
 
 def prepare_shards(cfg: Config) -> None:
     """Tokenize `data.source` into the first prefix when its shards are missing (the quickstart);
-    only into a prefix under data/cache/ (prelaunch.builds_from_source)."""
-    from implicit_megatron.prelaunch import builds_from_source
+    only into a prefix under data/cache/ (data_pipeline.build.builds_from_source)."""
+    from data_pipeline.build import builds_from_source, ensure_shards
 
     if cfg.data.source is None or not cfg.data.prefixes or not builds_from_source(cfg.data.prefixes[0]):
         return
-    from data_pipeline.build import ensure_shards
 
     ensure_shards(cfg.data.source, cfg.data.prefixes[0], cfg.data.tokenizer, QUICKSTART_SPLIT, QUICKSTART_SPLIT)
 

@@ -91,3 +91,10 @@ def timers_line(timers: dict[str, float]) -> str:
             text += f" ({inner})"
         parts.append(text)
     return "time per step (ms): " + " | ".join(parts)
+
+
+def validation_text(ev: dict) -> str:
+    """One validation record as the run's last line gives it."""
+    measure = f"accuracy {ev['val/accuracy']:.4f}" if "val/accuracy" in ev else f"perplexity {ev['val/ppl']:.2f}"
+    passes = f", {ev['val/solver_iterations']:.1f} solver passes per forward" if "val/solver_iterations" in ev else ""
+    return f"validation {measure} (loss {ev['val/loss']:.4f}){passes}"

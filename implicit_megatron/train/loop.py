@@ -26,13 +26,14 @@ from implicit_megatron.checkpoints import safe_load
 from implicit_megatron.checkpoints.layout import checkpoint_dir
 from implicit_megatron.config import Config
 from implicit_megatron.models.lm import seq_idx_from_eod
-from implicit_megatron.tracking import read_metrics, validation_text
+from implicit_megatron.tracking.metrics_file import read_metrics
 from implicit_megatron.train import callbacks, stopping
 from implicit_megatron.train.checkpointer import Checkpointer
 from implicit_megatron.train.curriculum import Phases
 from implicit_megatron.train.engine import build_engine, init_distributed
 from implicit_megatron.train.flops import peak_flops_per_device, step_flops
 from implicit_megatron.train.guards import LossJumpGuard, nonfinite_stop
+from implicit_megatron.train.log_line import validation_text
 from implicit_megatron.train.reporting import Reporter
 from implicit_megatron.train.schedule import learning_rate
 from implicit_megatron.train.step_metrics import IntervalMetrics, step_flags

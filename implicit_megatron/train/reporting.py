@@ -13,9 +13,10 @@ import torch.distributed as dist
 
 from implicit_megatron.checkpoints.layout import checkpoint_dir
 from implicit_megatron.config import Config
-from implicit_megatron.tracking import Tracker, append_metrics, validation_text
+from implicit_megatron.tracking.metrics_file import append_metrics
+from implicit_megatron.tracking.tracker import Tracker
 from implicit_megatron.train.guards import ConvergenceWatch, DivergenceWatch
-from implicit_megatron.train.log_line import timers_line, training_line, validation_lines
+from implicit_megatron.train.log_line import timers_line, training_line, validation_lines, validation_text
 from implicit_megatron.train.step_metrics import reduce_over_ranks
 
 MEANS = ("train/loss", "train/grad_norm", "train/accuracy", "solver/iterations", "solver/converged_frac")

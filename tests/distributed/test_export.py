@@ -16,7 +16,7 @@ from transformers.utils import logging as transformers_logging
 from data_pipeline.tokenizer import load_tokenizer
 from implicit_megatron import build_model, from_pretrained
 from implicit_megatron.builder import remove_weight_norm
-from implicit_megatron.export import read_checkpoint
+from implicit_megatron.hf.export import read_checkpoint
 
 
 def train(shakespeare_shards: str, run, stage: int) -> None:

@@ -109,7 +109,7 @@ def test_training_starts_from_an_imported_explicit_model(shakespeare_shards, tmp
     from safetensors.torch import load_file
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from implicit_megatron.import_weights import import_explicit
+    from implicit_megatron.hf.import_explicit import import_explicit
 
     torch.manual_seed(0)
     LlamaForCausalLM(LlamaConfig(vocab_size=50277, hidden_size=64, intermediate_size=192, num_hidden_layers=2,

@@ -48,7 +48,7 @@ def train_tiny(out: Path, shards: str) -> TinyRun:
         return run
     from data_pipeline.packed import build_packed_dataset
     from implicit_megatron import build_model
-    from implicit_megatron.export import write_folder
+    from implicit_megatron.hf.export import write_folder
 
     cfg = tiny_config(shards)
     torch.manual_seed(0)

@@ -234,7 +234,7 @@ def test_train_help_names_config_overrides_and_the_reference():
     cmd = [sys.executable, "-m", "implicit_megatron.train"]
     shown = subprocess.run([*cmd, "--help"], cwd=ROOT, capture_output=True, text=True)
     assert shown.returncode == 0
-    for words in ("CONFIG", "key=value", "optional dotted overrides", "implicit_megatron/config.py",
+    for words in ("CONFIG", "key=value", "optional dotted overrides", "implicit_megatron/config/schema.py",
                   "python -m implicit_megatron.config"):
         assert words in shown.stdout, words
     bare = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)

@@ -15,6 +15,7 @@ Which equalities are exact and which hold within a tolerance:
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -25,8 +26,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from implicit_megatron.evaluation.generation import SamplingConfig, generate
 from implicit_megatron.evaluation.loading import load_model
-from implicit_megatron.hf_cache import SequentialState
-from implicit_megatron.hf_model import STATE_FIELD
+from implicit_megatron.hf.generation_state import SequentialState
+from implicit_megatron.hf.model import STATE_FIELD
 
 PROMPTS = ["ROMEO: what light", "HAMLET: to be"]  # six tokens each: a batch without padding
 NEW_TOKENS = 8
@@ -45,7 +46,7 @@ def write_tiny_export(name: str, out: Path) -> Path:
     """A two-layer, width-32 model as `export` writes it; implicit ones contractive (small weights
     reading z, large ones writing the residual stream and the injection) and solved to 1e-5."""
     from implicit_megatron import build_model, load_config
-    from implicit_megatron.export import write_folder
+    from implicit_megatron.hf.export import write_folder
 
     arch = name.split("-")[0]
     cfg = load_config(ROOT / f"configs/tiny/{name}.yaml",
@@ -181,7 +182,7 @@ def test_a_sentencepiece_export_tokenizes_as_the_run_did(exports, tmp_path):
 
     from data_pipeline.tokenizer import load_tokenizer
     from data_pipeline.train_tokenizer import train_sentencepiece
-    from implicit_megatron.export import CONFIG_FILE, MODELING_FILE, write_tokenizer
+    from implicit_megatron.hf.export import CONFIG_FILE, MODELING_FILE, write_tokenizer
 
     texts = [f"ROMEO: line {i}, but soft what light through yonder window breaks" for i in range(200)]
     model = train_sentencepiece(iter(texts), 400, str(tmp_path / "sp.model"), "bpe")
@@ -195,3 +196,48 @@ def test_a_sentencepiece_export_tokenizes_as_the_run_did(exports, tmp_path):
     text = "ROMEO: but soft, what light through yonder window"
     assert tokenizer(text)["input_ids"] == ours.encode(text)
     assert eod == ours.eod_id == tokenizer.eos_token_id
+
+
+@pytest.mark.parametrize("name", ["mamba2-implicit", "llama-explicit"])
+def test_a_folder_exported_by_an_earlier_version_loads_and_generates_the_same(name, exports, tmp_path):
+    """Until the package had rooms, exports carried a whole copy of the wrapper, which imports modules
+    that have since moved (hf/legacy_names.py answers their old names). Such a folder gives the
+    same logits and tokens as one exported now, whose modeling file only names the package's classes."""
+    import shutil
+
+    from implicit_megatron.hf.export import MODELING_FILE
+
+    old = shutil.copytree(exports[name], tmp_path / "old")
+    shutil.copy(ROOT / "tests/fixtures/old_export" / MODELING_FILE, old / MODELING_FILE)
+    assert "from implicit_megatron.hf_cache import" in (old / MODELING_FILE).read_text()
+    assert (exports[name] / MODELING_FILE).read_text() == (ROOT / "implicit_megatron/hf/remote_code.py").read_text()
+    tokenizer, now = load(exports[name])
+    _, before = load(old)
+    assert type(before).__module__ != type(now).__module__  # the folder's own copy ran
+    batch = tokenizer(PROMPTS, return_tensors="pt")
+    greedy = {"max_new_tokens": NEW_TOKENS, "do_sample": False, "return_dict_in_generate": True,
+              "output_logits": True}
+    expected, got = now.generate(**batch, **greedy), before.generate(**batch, **greedy)
+    assert got.sequences.tolist() == expected.sequences.tolist()
+    assert torch.equal(torch.stack(got.logits), torch.stack(expected.logits))
+    with pytest.raises(ValueError, match="padding"):  # what that copy refused, it still refuses
+        before(batch["input_ids"][:1], attention_mask=torch.tensor([[0, 1, 1, 1, 1, 1]]))
+
+
+def test_save_pretrained_writes_what_an_export_carries(exports, tmp_path):
+    """A model loaded through the Auto classes saves the modeling file of exports (not a copy of the
+    package's module), and the folder loads in transformers and in implicit_megatron alike."""
+    from implicit_megatron import from_pretrained
+    from implicit_megatron.hf.export import AUTO_MAP, CONFIG_FILE, MODELING_FILE
+
+    _, hf = load(exports["mamba2-implicit"])
+    hf.save_pretrained(tmp_path / "saved")
+    saved = tmp_path / "saved"
+    assert sorted(p.name for p in saved.glob("*.py")) == [MODELING_FILE]
+    assert (saved / MODELING_FILE).read_text() == (exports["mamba2-implicit"] / MODELING_FILE).read_text()
+    assert json.loads((saved / CONFIG_FILE).read_text())["auto_map"] == AUTO_MAP
+    assert type(hf)._auto_class == "AutoModelForCausalLM"  # left as loading set it
+    ids = torch.tensor([[5, 9, 2, 7]])
+    again = AutoModelForCausalLM.from_pretrained(saved, trust_remote_code=True).eval()
+    assert torch.equal(again(ids).logits, hf(ids).logits)
+    assert torch.equal(from_pretrained(saved).eval()(ids), hf(ids).logits)

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from safetensors.torch import load_file
 
 from implicit_megatron import from_pretrained
-from implicit_megatron.import_released import LLAMA_LAYER, MAMBA2_LAYER, _our_name, import_released
+from implicit_megatron.hf.released import LLAMA_LAYER, MAMBA2_LAYER, _our_name, import_released
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = ROOT / "tests/fixtures/released"

@@ -9,7 +9,7 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM, Mamba2Config, Mamba2ForCausalLM
 
 from implicit_megatron import from_pretrained
-from implicit_megatron.import_weights import import_explicit
+from implicit_megatron.hf.import_explicit import import_explicit
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -1,13 +1,18 @@
-"""Dependencies point one way: the config is plain data, checkpoints/evaluation/export never reach
-into the trainer. Checked in fresh interpreters, from what `sys.modules` holds after the imports."""
+"""Dependencies point one way: the config is plain data, checkpoints/evaluation/hf never reach into
+the trainer (checked in fresh interpreters, from what `sys.modules` holds after the imports), and no
+module of the project imports itself through others (read from the source, every import counted)."""
 
 from __future__ import annotations
 
+import ast
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 from support.processes import ROOT
+
+PACKAGES = ("implicit_megatron", "data_pipeline")
 
 PROBE = """
 import importlib, json, pkgutil, sys
@@ -28,14 +33,87 @@ def loaded(*modules: str, walk: bool = False) -> list[str]:
 
 
 def test_the_config_is_plain_data():
-    names = loaded("implicit_megatron.config", "implicit_megatron.config_checks")
+    names = loaded("implicit_megatron.config", "implicit_megatron.config.rules")
     outside = [n for n in names if n.startswith(("implicit_megatron.train", "implicit_megatron.evaluation",
                                                  "implicit_megatron.prelaunch", "data_pipeline"))]
     assert not outside, outside
 
 
-def test_checkpoints_evaluation_and_export_do_not_reach_into_the_trainer():
-    names = loaded("implicit_megatron.checkpoints", "implicit_megatron.evaluation", "implicit_megatron.export",
-                   walk=True)
+def test_checkpoints_evaluation_and_hf_do_not_reach_into_the_trainer():
+    names = loaded("implicit_megatron.checkpoints", "implicit_megatron.evaluation", "implicit_megatron.hf", walk=True)
     assert not [n for n in names if n.startswith("implicit_megatron.train")]
     assert "implicit_megatron.checkpoints.universal" in names and "implicit_megatron.evaluation.runner" in names
+    assert "implicit_megatron.hf.released" in names
+
+
+def project_modules() -> dict[str, Path]:
+    """Dotted name -> file, for every module of the project's packages (a package is its __init__)."""
+    modules = {}
+    for package in PACKAGES:
+        for path in (ROOT / package).rglob("*.py"):
+            parts = path.relative_to(ROOT).with_suffix("").parts
+            modules[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return modules
+
+
+def imported_names(name: str, path: Path, modules: dict[str, Path]):
+    """Every module of the project that `path` imports anywhere in its text: at the top, inside
+    functions, under `if TYPE_CHECKING` and in `__main__` blocks. `from a import b` is module a.b
+    when b is a module, else a; parents of an imported module are not counted as its importers."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            yield from (alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join([*anchor, *([node.module] if node.module else [])])
+            for alias in node.names:
+                yield f"{base}.{alias.name}" if f"{base}.{alias.name}" in modules else base
+
+
+def import_circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan), each sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    circles = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for other in sorted(graph[node]):
+            if other not in index:
+                visit(other)
+                low[node] = min(low[node], low[other])
+            elif other in stack:
+                low[node] = min(low[node], index[other])
+        if low[node] == index[node]:
+            component = []
+            while not component or component[-1] != node:
+                component.append(stack.pop())
+            if len(component) > 1:
+                circles.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return circles
+
+
+def test_import_circles_are_found(tmp_path):
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}, "e": set()}
+    assert import_circles(graph) == [["a", "b", "c"]]
+    modules = {"p": Path("p/__init__.py"), "p.q": Path("p/q.py"), "p.r": Path("p/r.py")}
+    source = tmp_path / "s.py"
+    source.write_text("from . import q\nfrom .r import thing\nimport p.q\n\n\ndef f():\n    from p import missing\n")
+    assert list(imported_names("p.s", source, modules)) == ["p.q", "p.r", "p.q", "p"]
+
+
+def test_no_module_imports_itself_through_others():
+    modules = project_modules()
+    graph = {name: {m for m in imported_names(name, path, modules) if m in modules and m != name}
+             for name, path in modules.items()}
+    assert sum(map(len, graph.values())) > 200  # the walk sees the project's imports
+    assert import_circles(graph) == []

@@ -8,8 +8,9 @@ import sqlite3
 import pytest
 from support.processes import ROOT
 
-from implicit_megatron import load_config, tracking
-from implicit_megatron.tracking import STORE, Tracker
+from implicit_megatron import load_config
+from implicit_megatron.tracking import tracker as tracker_module
+from implicit_megatron.tracking.tracker import STORE, Tracker
 
 
 def config(out):
@@ -20,7 +21,7 @@ def logged(out) -> list[float]:
     from mlflow import MlflowClient
 
     client = MlflowClient(tracking_uri=f"sqlite:///{out / STORE}")
-    run_id = (out / tracking.RUN_ID_FILE).read_text().strip()
+    run_id = (out / tracker_module.RUN_ID_FILE).read_text().strip()
     return [m.value for m in client.get_metric_history(run_id, "train/loss")]
 
 
@@ -40,7 +41,7 @@ def test_an_unopenable_store_is_moved_aside_and_the_run_goes_on(tmp_path, capsys
         half_migrated(db)
     else:
         db.write_bytes(b"\x00garbage" * 100)
-    (tmp_path / tracking.RUN_ID_FILE).write_text("0123456789abcdef\n")  # the broken store's run
+    (tmp_path / tracker_module.RUN_ID_FILE).write_text("0123456789abcdef\n")  # the broken store's run
     tracker = Tracker(config(tmp_path), active=True)
     tracker.log({"train/loss": 3.0}, 1)
     tracker.finish()
@@ -61,7 +62,7 @@ def test_a_store_is_complete_or_not_there(tmp_path, monkeypatch, capsys):
 
     monkeypatch.setattr(MlflowClient, "search_experiments", killed)
     with pytest.raises(KeyboardInterrupt):
-        tracking.local_store(tmp_path)
+        tracker_module.local_store(tmp_path)
     assert not (tmp_path / STORE).exists()  # only the temporary store is left
     assert list(tmp_path.glob(f"{STORE}.creating-*"))
     monkeypatch.setattr(MlflowClient, "search_experiments", real)

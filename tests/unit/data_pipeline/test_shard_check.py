@@ -10,11 +10,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from data_pipeline.build import builds_from_source
 from data_pipeline.indexed import document_lengths
 from data_pipeline.packed import build_packed_dataset
 from data_pipeline.shard_check import HEADER_BYTES, ShardError, check_shard
 from implicit_megatron import load_config
-from implicit_megatron.prelaunch import builds_from_source
 from implicit_megatron.utils.typed_yaml import ConfigError
 
 ROOT = Path(__file__).resolve().parents[3]

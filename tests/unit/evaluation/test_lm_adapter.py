@@ -8,7 +8,8 @@ import pytest
 import torch
 from support.processes import ROOT
 
-from implicit_megatron.evaluation.lm_eval_run import LmEvalOptions, run_lm_eval
+from implicit_megatron.evaluation.lm_eval_options import LmEvalOptions
+from implicit_megatron.evaluation.lm_eval_run import run_lm_eval
 
 TASKS = Path(__file__).parent / "fixtures" / "lm_eval"
 

@@ -70,7 +70,7 @@ def test_a_passed_check_is_not_repeated_and_a_failed_one_is(clean_env, monkeypat
     from pathlib import Path
 
     from implicit_megatron.evaluation import lm_eval_data
-    from implicit_megatron.evaluation.lm_eval_run import LmEvalOptions
+    from implicit_megatron.evaluation.lm_eval_options import LmEvalOptions
 
     tasks = str(Path(__file__).parent / "fixtures" / "lm_eval")
     looked_up = []

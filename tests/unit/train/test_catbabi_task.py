@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from data_pipeline.synthetic.catbabi import Vocabulary, load_split, per_task_accuracy
+from data_pipeline.synthetic.catbabi import Vocabulary, folder_vocabulary, load_split, per_task_accuracy
 from implicit_megatron import load_config
 from implicit_megatron.models.loss import IGNORE_INDEX
-from implicit_megatron.train.catbabi_task import CatbabiTask, group_hits, load_vocabulary
+from implicit_megatron.train.catbabi_task import CatbabiTask, group_hits
 from implicit_megatron.train.tasks import build_task
 from implicit_megatron.utils.typed_yaml import ConfigError
 
@@ -28,7 +28,7 @@ def task(*overrides: str, world: int = 1) -> CatbabiTask:
 
 def test_targets_are_the_answers_and_nothing_else():
     t = task()
-    vocab = load_vocabulary(FIXTURE, False)
+    vocab = folder_vocabulary(FIXTURE, False)
     batch = next(t.train_batches(0, 1, 4))
     inputs, labels = t.inputs_and_targets(batch)
     assert inputs.shape == labels.shape == (2, 24)
@@ -96,7 +96,7 @@ def test_the_vocabulary_holds_every_split_and_is_saved_beside_the_run(tmp_path):
     t = task(f"train.output_dir={tmp_path}")
     t.prepare()
     words = {w for split in ("train", "valid", "test") for s in load_split(FIXTURE, split).stories for w in s.words}
-    vocab = load_vocabulary(FIXTURE, False)
+    vocab = folder_vocabulary(FIXTURE, False)
     assert words <= set(vocab.words) and Vocabulary.load(tmp_path / "catbabi_vocab.json") == vocab
 
 

@@ -1,30 +1,15 @@
-"""Typed run configuration: YAML files (with `base:`), dotted overrides, validation.
-
-    python -m implicit_megatron.config CONFIG [key=value ...] [--world-size N]
-
-prints the resolved config, or the first error (naming file, key and expectation)
-with exit status 2. Validation runs before any process starts. A curriculum whose phases
-run as launches of their own (launch/curriculum.sh) is checked phase by phase, as each
-launch will load it, and printed as one YAML document per phase.
+"""The run config as typed dataclasses: every key, its type and default (the sections below), and
+`phase_bounds`, the steps each curriculum phase covers. Plain data: nothing here reads a file.
 """
 
 from __future__ import annotations
 
 import math
 import os
-import sys
 from dataclasses import dataclass, field
 from typing import Literal
 
-from implicit_megatron.utils.typed_yaml import (
-    COMMAND_LINE,
-    ConfigError,
-    apply_overrides,
-    build_dataclass,
-    read_yaml_chain,
-    source_of,
-    to_dict,
-)
+from implicit_megatron.utils.typed_yaml import to_dict
 
 # --------------------------------------------------------------------------- sections
 
@@ -308,51 +293,6 @@ class Config:
         return data
 
 
-# --------------------------------------------------------------------------- loading
-
-
-def read_config(path: str | os.PathLike, overrides: list[str] | tuple[str, ...] = (),
-                world_size: int | None = None) -> Config:
-    """Read CONFIG (and its `base:` chain), apply overrides, build the config and check its own
-    rules (types, ranges, batch sizes for `world_size`, the curriculum), raising ConfigError naming
-    the file and key at fault. What needs files, data or a task is implicit_megatron.prelaunch's
-    (`implicit_megatron.load_config` runs both)."""
-    from implicit_megatron.config_checks import validate
-
-    data, sources = read_yaml_chain(path)
-    data, sources = apply_overrides(data, sources, list(overrides))
-    cfg = build_dataclass(Config, data, sources)
-    cfg.source, cfg.sources = str(path), sources
-    _apply_run_phase(cfg, sources)
-    validate(cfg, blame(cfg), world_size)
-    return cfg
-
-
-def blame(cfg: Config):
-    """`fail(key, message, *also)`: raise a ConfigError naming the file (or the command line) that set
-    `key`; a check over several keys (`also`) blames the command line when it set one of them."""
-
-    def fail(key: str, message: str, *also: str) -> None:
-        where = [source_of(cfg.sources, k) for k in (key, *also)]
-        source = COMMAND_LINE if COMMAND_LINE in where else where[0]
-        raise ConfigError(source or cfg.source or "defaults", key, message)
-
-    return fail
-
-
-def _apply_run_phase(cfg: Config, sources: dict[str, str]) -> None:
-    """A phase launched on its own brings its ZeRO stage and micro batch; everything else is shared."""
-    for i, phase in enumerate(cfg.curriculum.phases):
-        if phase.name != cfg.curriculum.run_phase:
-            continue
-        if phase.zero_stage is not None:
-            cfg.distributed.zero_stage = phase.zero_stage
-            sources["distributed.zero_stage"] = source_of(sources, f"curriculum.phases[{i}].zero_stage") or ""
-        if phase.micro_batch_size is not None:
-            cfg.train.micro_batch_size = phase.micro_batch_size
-            sources["train.micro_batch_size"] = source_of(sources, f"curriculum.phases[{i}].micro_batch_size") or ""
-
-
 # --------------------------------------------------------------------------- phases
 
 
@@ -365,12 +305,3 @@ def phase_bounds(cfg: Config) -> list[tuple[PhaseConfig, int, int]]:
         bounds.append((phase, start, end))
         start = end
     return bounds
-
-
-# --------------------------------------------------------------------------- CLI
-
-
-if __name__ == "__main__":
-    from implicit_megatron.config_cli import main
-
-    sys.exit(main())

@@ -20,8 +20,8 @@ import torch
 
 from implicit_megatron.builder import build_model
 from implicit_megatron.config import Config, read_config
-from implicit_megatron.export import write_folder
-from implicit_megatron.import_weights import DEFAULT_BASE, read_source, source_name
+from implicit_megatron.hf.export import write_folder
+from implicit_megatron.hf.import_explicit import DEFAULT_BASE, read_source, source_name
 
 logger = logging.getLogger(__name__)
 
@@ -321,7 +321,13 @@ def export_released_from(path: str | Path, out_dir: str | Path, tag: str | None 
                          dtype: torch.dtype | None = None) -> Path:
     """`export_released` of a run's checkpoint (a checkpoints/ folder, `tag` or latest) or of one of
     our model folders (export/import output), in `dtype` (default: the dtype it is stored in)."""
-    from implicit_megatron.export import CONFIG_FILE, MODEL_FILE, from_pretrained, read_checkpoint, read_folder_config
+    from implicit_megatron.hf.export import (
+        CONFIG_FILE,
+        MODEL_FILE,
+        from_pretrained,
+        read_checkpoint,
+        read_folder_config,
+    )
 
     path = Path(path)
     if (path / MODEL_FILE).is_file():

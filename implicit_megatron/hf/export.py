@@ -3,7 +3,7 @@
 An exported folder holds `model.safetensors` (float32 or bfloat16; weight normalisation folded
 into plain weights; the tied head stored once, as the embedding), `config.json` (the resolved
 run config under `implicit_megatron`, with the fields transformers reads), the tokenizer file
-the run used, and `modeling_implicit_megatron.py`, through which transformers'
+the run used, and `modeling_implicit_megatron.py` (hf/remote_code.py), through which transformers'
 AutoModelForCausalLM loads the folder with trust_remote_code=True. config.json also holds what
 transformers' `generate` reads there: the end-of-document token (bos, eos and pad, so that it
 stops where tools/generate.py stops) and the padding rows of the vocabulary as `suppress_tokens`
@@ -29,6 +29,8 @@ from implicit_megatron.utils.typed_yaml import build_dataclass
 
 MODEL_FILE, CONFIG_FILE, MODELING_FILE = "model.safetensors", "config.json", "modeling_implicit_megatron.py"
 CONFIG_KEY = "implicit_megatron"
+AUTO_MAP = {"AutoConfig": "modeling_implicit_megatron.ImplicitMegatronConfig",  # classes of MODELING_FILE
+            "AutoModelForCausalLM": "modeling_implicit_megatron.ImplicitMegatronForCausalLM"}
 
 
 def write_folder(out: Path, model: LanguageModel, cfg: Config, dtype: torch.dtype) -> Path:
@@ -42,14 +44,17 @@ def write_folder(out: Path, model: LanguageModel, cfg: Config, dtype: torch.dtyp
     os.umask(umask)
     os.chmod(out / MODEL_FILE, 0o666 & ~umask)  # safetensors writes 0600; others on a cluster must read it
     eod_id = write_tokenizer(Path(cfg.data.tokenizer), out)
-    classes = f"{MODELING_FILE.removesuffix('.py')}.ImplicitMegatron"
-    hf = {"architectures": ["ImplicitMegatronForCausalLM"], "model_type": "implicit_megatron",
-          "auto_map": {"AutoConfig": classes + "Config", "AutoModelForCausalLM": classes + "ForCausalLM"},
+    hf = {"architectures": ["ImplicitMegatronForCausalLM"], "model_type": "implicit_megatron", "auto_map": AUTO_MAP,
           "torch_dtype": str(dtype).removeprefix("torch."), **generation_fields(cfg, eod_id),
           CONFIG_KEY: cfg.to_dict()}
     (out / CONFIG_FILE).write_text(json.dumps(hf, indent=2))
-    shutil.copy(Path(__file__).with_name("hf_model.py"), out / MODELING_FILE)
+    write_modeling_file(out)
     return out
+
+
+def write_modeling_file(out: Path) -> None:
+    """The file config.json's AUTO_MAP names: hf/remote_code.py, which imports the installed classes."""
+    shutil.copy(Path(__file__).with_name("remote_code.py"), out / MODELING_FILE)
 
 
 def generation_fields(cfg: Config, eod_id: int | None) -> dict:

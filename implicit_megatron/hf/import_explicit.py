@@ -15,9 +15,9 @@ import torch
 
 from implicit_megatron.builder import build_model
 from implicit_megatron.config import Config, read_config
-from implicit_megatron.export import write_folder
+from implicit_megatron.hf.export import write_folder
 
-DEFAULT_BASE = Path(__file__).resolve().parents[1] / "configs/parts/imported.yaml"  # what a source does not say
+DEFAULT_BASE = Path(__file__).resolve().parents[2] / "configs/parts/imported.yaml"  # what a source does not say
 
 
 def source_name(src: Path) -> str:

@@ -1,4 +1,12 @@
-"""The config checker's command line (`python -m implicit_megatron.config`; see that module)."""
+"""Check a run config before anything starts.
+
+    python -m implicit_megatron.config CONFIG [key=value ...] [--world-size N]
+
+prints the resolved config, or the first error (naming file, key and expectation)
+with exit status 2. Validation runs before any process starts. A curriculum whose phases
+run as launches of their own (launch/curriculum.sh) is checked phase by phase, as each
+launch will load it, and printed as one YAML document per phase.
+"""
 
 from __future__ import annotations
 
@@ -7,15 +15,12 @@ import sys
 
 import yaml
 
-from implicit_megatron import config as config_module
 from implicit_megatron.prelaunch import load_config
 from implicit_megatron.utils.typed_yaml import ConfigError
 
-CONFIG_DOC = config_module.__doc__
-
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m implicit_megatron.config", description=CONFIG_DOC,
+    parser = argparse.ArgumentParser(prog="python -m implicit_megatron.config", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("config", nargs="?", help="the run's YAML file, e.g. configs/quickstart.yaml")
     parser.add_argument("overrides", nargs="*", help="optional dotted overrides, e.g. train.micro_batch_size=4")
@@ -53,3 +58,7 @@ def main(argv: list[str] | None = None) -> int:
                   f"launches it (curriculum.run_phase={cfg.curriculum.run_phase})")
         yaml.safe_dump(cfg.to_dict(), sys.stdout, sort_keys=False)
     return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

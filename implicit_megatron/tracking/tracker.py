@@ -1,5 +1,6 @@
-"""What a run records: MLflow from rank 0 (params: the resolved config, the config file, metrics) and
-the plain `metrics.jsonl` beside the checkpoints.
+"""What a run records in MLflow from rank 0 (params: the resolved config, the config file, metrics),
+and the dashboards a config asks for beside it (tracking.dashboards); the plain `metrics.jsonl`
+is tracking.metrics_file's.
 
 By default the store is a local sqlite database in train.output_dir (no server needed; works
 offline); `tracking.uri` may name a server. The run id is kept in the output folder so that a
@@ -14,17 +15,15 @@ failure turns MLflow off for the launch with a warning, while metrics.jsonl keep
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import time
 import uuid
 from pathlib import Path
 
 from implicit_megatron.config import Config
-from implicit_megatron.dashboards import Dashboards
+from implicit_megatron.tracking.dashboards import Dashboards
 
 RUN_ID_FILE = "mlflow_run_id"
-METRICS_FILE = "metrics.jsonl"
 
 
 def flatten(data: dict, prefix: str = "") -> dict[str, str]:
@@ -179,48 +178,3 @@ class Tracker:
                 self.client.set_terminated(self.run_id, status=status)
             except Exception as err:  # noqa: BLE001
                 _warn(f"MLflow could not record the run's end ({_first_line(err)})")
-
-
-def append_metrics(output_dir: str | Path, step: int, metrics: dict[str, float]) -> None:
-    """One line of `metrics.jsonl`, the plain record next to the checkpoints (for scripts and tests)."""
-    with open(Path(output_dir) / METRICS_FILE, "a") as handle:
-        handle.write(json.dumps({"step": step, **metrics}) + "\n")
-
-
-def drop_metrics_after(output_dir: str | Path, step: int) -> list[int]:
-    """Remove the records of steps after `step` from metrics.jsonl (a resume trains them again, so
-    each step keeps one record); returns the steps removed. The file is replaced atomically."""
-    path = Path(output_dir) / METRICS_FILE
-    if not path.is_file():
-        return []
-    kept, dropped = [], []
-    for line in path.read_text().splitlines():
-        try:
-            later = json.loads(line).get("step", 0) > step
-        except (ValueError, AttributeError):
-            later = False  # a line cut by a kill: left as it is, read_metrics skips it
-        (dropped if later else kept).append(line)
-    if dropped:
-        tmp = path.with_suffix(".jsonl.tmp")
-        tmp.write_text("".join(line + "\n" for line in kept))
-        tmp.replace(path)
-    return sorted({json.loads(line)["step"] for line in dropped})
-
-
-def read_metrics(output_dir: str | Path) -> list[dict]:
-    """Every record of `metrics.jsonl` (a line cut by a kill is left out)."""
-    path = Path(output_dir) / METRICS_FILE
-    rows = []
-    for line in path.read_text().splitlines() if path.is_file() else []:
-        try:
-            rows.append(json.loads(line))
-        except ValueError:
-            continue
-    return rows
-
-
-def validation_text(ev: dict) -> str:
-    """One validation record as the run's last line gives it."""
-    measure = f"accuracy {ev['val/accuracy']:.4f}" if "val/accuracy" in ev else f"perplexity {ev['val/ppl']:.2f}"
-    passes = f", {ev['val/solver_iterations']:.1f} solver passes per forward" if "val/solver_iterations" in ev else ""
-    return f"validation {measure} (loss {ev['val/loss']:.4f}){passes}"

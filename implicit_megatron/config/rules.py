@@ -1,25 +1,20 @@
 """A config's own rules across fields: model shapes, the solver, the curriculum, batch sizes, the
-schedule (called by config.read_config). Nothing here opens a file or imports beyond `config`:
-checks that need files, data or a task are implicit_megatron.prelaunch's.
+schedule (called by config.reading.read_config). Nothing here opens a file or imports beyond the
+schema: checks that need files, data or a task are implicit_megatron.prelaunch's.
 """
 
 from __future__ import annotations
 
 import math
 import os
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from implicit_megatron.config import Config
-
+from implicit_megatron.config.schema import Config, phase_bounds
+from implicit_megatron.utils.typed_yaml import COMMAND_LINE
 
 PHASE_SOLVER_KEYS = ("max_iter", "tol", "phantom_steps")  # what every phase sets for itself
 
 
 def validate_curriculum(cfg: Config, fail, sources: dict[str, str] | None = None) -> None:
-    from implicit_megatron.config import phase_bounds
-    from implicit_megatron.utils.typed_yaml import COMMAND_LINE
-
     phases = cfg.curriculum.phases
     names = [p.name for p in phases]
     for k in PHASE_SOLVER_KEYS if phases else ():

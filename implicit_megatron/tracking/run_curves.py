@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from implicit_megatron.config import Config, phase_bounds, read_config
-from implicit_megatron.tracking import METRICS_FILE, read_metrics
+from implicit_megatron.tracking.metrics_file import METRICS_FILE, read_metrics
 
 CONFIG_FILE = "config.yaml"
 

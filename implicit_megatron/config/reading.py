@@ -1,0 +1,59 @@
+"""Reading a run config: a YAML file and its `base:` chain, dotted overrides from the command line,
+then the config's own rules (config.rules), every error naming the file or the command line that
+set the key at fault.
+"""
+
+from __future__ import annotations
+
+import os
+
+from implicit_megatron.config.rules import validate
+from implicit_megatron.config.schema import Config
+from implicit_megatron.utils.typed_yaml import (
+    COMMAND_LINE,
+    ConfigError,
+    apply_overrides,
+    build_dataclass,
+    read_yaml_chain,
+    source_of,
+)
+
+
+def read_config(path: str | os.PathLike, overrides: list[str] | tuple[str, ...] = (),
+                world_size: int | None = None) -> Config:
+    """Read CONFIG (and its `base:` chain), apply overrides, build the config and check its own
+    rules (types, ranges, batch sizes for `world_size`, the curriculum), raising ConfigError naming
+    the file and key at fault. What needs files, data or a task is implicit_megatron.prelaunch's
+    (`implicit_megatron.load_config` runs both)."""
+    data, sources = read_yaml_chain(path)
+    data, sources = apply_overrides(data, sources, list(overrides))
+    cfg = build_dataclass(Config, data, sources)
+    cfg.source, cfg.sources = str(path), sources
+    _apply_run_phase(cfg, sources)
+    validate(cfg, blame(cfg), world_size)
+    return cfg
+
+
+def blame(cfg: Config):
+    """`fail(key, message, *also)`: raise a ConfigError naming the file (or the command line) that set
+    `key`; a check over several keys (`also`) blames the command line when it set one of them."""
+
+    def fail(key: str, message: str, *also: str) -> None:
+        where = [source_of(cfg.sources, k) for k in (key, *also)]
+        source = COMMAND_LINE if COMMAND_LINE in where else where[0]
+        raise ConfigError(source or cfg.source or "defaults", key, message)
+
+    return fail
+
+
+def _apply_run_phase(cfg: Config, sources: dict[str, str]) -> None:
+    """A phase launched on its own brings its ZeRO stage and micro batch; everything else is shared."""
+    for i, phase in enumerate(cfg.curriculum.phases):
+        if phase.name != cfg.curriculum.run_phase:
+            continue
+        if phase.zero_stage is not None:
+            cfg.distributed.zero_stage = phase.zero_stage
+            sources["distributed.zero_stage"] = source_of(sources, f"curriculum.phases[{i}].zero_stage") or ""
+        if phase.micro_batch_size is not None:
+            cfg.train.micro_batch_size = phase.micro_batch_size
+            sources["train.micro_batch_size"] = source_of(sources, f"curriculum.phases[{i}].micro_batch_size") or ""

@@ -1,0 +1,10 @@
+"""Our models among transformers' and the paper's: exported folders, and weights in from elsewhere.
+
+    export.py            model folders: written from a checkpoint (`export`), read (`from_pretrained`)
+    model.py             the transformers model behind AutoModelForCausalLM (trust_remote_code)
+    remote_code.py       the `modeling_implicit_megatron.py` every exported folder carries
+    generation_state.py  the sequential-mode state that `generate` carries between tokens
+    import_explicit.py   weights in from explicit transformers / mamba_ssm Mamba2 and Llama models
+    released.py          the paper's released checkpoints (implicit_llm) in and out
+    legacy_names.py      the module names that folders exported by earlier versions import
+"""

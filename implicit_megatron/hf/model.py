@@ -1,0 +1,136 @@
+"""Our model behind transformers' Auto classes, for exported folders (`trust_remote_code=True`).
+
+An exported folder names these two classes in config.json's `auto_map`, through its
+`modeling_implicit_megatron.py` (hf/remote_code.py), so that
+
+    AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True)
+
+builds the same LanguageModel that `implicit_megatron.from_pretrained` builds (the package must
+be installed). The wrapper registers the LanguageModel's own submodules, so the state-dict keys
+are those of model.safetensors.
+
+A plain forward is the LanguageModel's (simultaneous mode: the whole sequence solved at once).
+`generate` runs sequential mode instead, as tools/generate.py does: the prompt token by token,
+then each new token as one solved step under the carried state (`generation_state.SequentialState`,
+returned as the output's `cache`, `past_key_values` before transformers 5.24: both names are
+read and written here), never the prefix again. `use_cache=False` runs the whole prefix
+in simultaneous mode for every token; for explicit models both give the same tokens, for implicit
+ones they agree as far as both solves converge to the same fixed point (within their tolerance).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from transformers import GenerationMixin, PretrainedConfig, PreTrainedModel
+from transformers.modeling_outputs import CausalLMOutputWithPast
+
+# where an output carries the state: `cache` from transformers 5.24 on, `past_key_values` before
+STATE_FIELD = "cache" if "cache" in CausalLMOutputWithPast.__dataclass_fields__ else "past_key_values"
+
+
+class ImplicitMegatronConfig(PretrainedConfig):
+    """Holds our run config (the `implicit_megatron` entry) next to the few fields transformers reads."""
+
+    model_type = "implicit_megatron"
+
+    def __init__(self, implicit_megatron: dict | None = None, **kwargs):
+        self.implicit_megatron = implicit_megatron or {}
+        model = self.implicit_megatron.get("model", {})
+        vocab, multiple = model.get("vocab_size"), model.get("pad_vocab_multiple", 1)
+        # the width of the logits, padding rows included, as transformers' own models count it (beam search does)
+        kwargs.setdefault("vocab_size", -(-vocab // multiple) * multiple if vocab else None)
+        kwargs.setdefault("hidden_size", model.get("d_model"))
+        kwargs.setdefault("num_hidden_layers", model.get("n_layers"))
+        kwargs.setdefault("tie_word_embeddings", model.get("tie_embeddings", True))
+        super().__init__(**kwargs)
+
+
+class ImplicitMegatronForCausalLM(PreTrainedModel, GenerationMixin):
+    config_class = ImplicitMegatronConfig
+    base_model_prefix = "implicit_megatron"
+    _no_split_modules = []
+    _tied_weights_keys = {}  # a tied head reads embedding.weight; it has no weight of its own
+    _is_stateful = True  # the state cannot be rolled back: generate refuses assisted decoding
+
+    def __init__(self, config: ImplicitMegatronConfig):
+        super().__init__(config)
+        from implicit_megatron.builder import build_model
+        from implicit_megatron.hf.export import config_from_dict
+
+        lm = build_model(config_from_dict(config.implicit_megatron, "config.json"))
+        for name, child in lm.named_children():
+            self.add_module(name, child)
+        self._language_model = (lm,)  # a tuple: not registered twice as a submodule
+        self.post_init()
+
+    def save_pretrained(self, save_directory, *args, **kwargs) -> None:
+        """transformers' save, with the modeling file that exports carry (remote_code.py) instead of a
+        copy of this module, which would break when the package changes: the folder loads as an export."""
+        from implicit_megatron.hf.export import AUTO_MAP, write_modeling_file
+
+        classes = (type(self), type(self.config))
+        own = {cls: cls.__dict__["_auto_class"] for cls in classes if "_auto_class" in cls.__dict__}
+        self.config.auto_map = dict(AUTO_MAP)
+        for cls in classes:  # transformers copies the defining module of an Auto class (set on the class)
+            cls._auto_class = None
+        try:
+            super().save_pretrained(save_directory, *args, **kwargs)
+        finally:
+            for cls in classes:
+                if cls in own:
+                    cls._auto_class = own[cls]
+                else:
+                    del cls._auto_class
+        write_modeling_file(Path(save_directory))
+
+    def _init_weights(self, module) -> None:
+        """Our modules initialise themselves; loading overwrites every tensor anyway."""
+
+    @classmethod
+    def _supports_default_dynamic_cache(cls) -> bool:
+        """generate must not make a transformers DynamicCache: our forward makes its own state."""
+        return False
+
+    def get_input_embeddings(self):
+        return self.embedding
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, cache=None,
+                past_key_values=None, use_cache: bool | None = None, labels: torch.Tensor | None = None,
+                logits_to_keep: int = 0, **kwargs) -> CausalLMOutputWithPast:
+        """Logits of `input_ids` (B, T). With a state (`cache`, or its older name `past_key_values`:
+        the SequentialState an earlier forward returned) or `use_cache`,
+        in sequential mode after the tokens the state holds, returning the state advanced; else in
+        simultaneous mode. Sequential mode is for inference: it runs without gradient.
+        `attention_mask` may only be all ones (padding is refused, see generation_state.refuse_padding).
+        `logits_to_keep` > 0: logits of the last that many tokens only."""
+        from implicit_megatron.hf.generation_state import SequentialState, refuse_padding
+
+        refuse_padding(attention_mask)
+        lm = self._language_model[0]
+        past_key_values = cache if cache is not None else past_key_values
+        if past_key_values is not None and not isinstance(past_key_values, SequentialState):
+            raise TypeError(f"cache: expected the SequentialState an earlier forward returned, got "
+                            f"{type(past_key_values).__name__}")
+        if past_key_values is not None:
+            z = past_key_values.advance(lm, input_ids)
+        elif use_cache:
+            z, past_key_values = SequentialState.start(lm, input_ids)
+        else:
+            z = lm.core(lm.embedding_dropout(lm.embedding(input_ids)))
+        logits = lm.logits(z[:, -logits_to_keep:] if logits_to_keep else z)
+        loss = None
+        if labels is not None:  # transformers' convention: labels are the inputs, shifted here
+            loss = torch.nn.functional.cross_entropy(logits[:, :-1].flatten(0, 1).float(),
+                                                     labels[:, 1:].flatten(), ignore_index=-100)
+        return CausalLMOutputWithPast(loss=loss, logits=logits, **{STATE_FIELD: past_key_values})
+
+    def prepare_inputs_for_generation(self, input_ids: torch.Tensor, cache=None, past_key_values=None,
+                                      attention_mask: torch.Tensor | None = None, use_cache: bool | None = None,
+                                      **kwargs) -> dict:
+        """With a state, only the tokens it has not seen (the new one); without, the whole prefix."""
+        state = cache if cache is not None else past_key_values
+        if state is not None:
+            input_ids = input_ids[:, state.get_seq_length():]
+        return {"input_ids": input_ids, "cache": state, "attention_mask": attention_mask, "use_cache": use_cache}

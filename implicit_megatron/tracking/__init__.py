@@ -1,0 +1,7 @@
+"""What a run leaves behind to be read: its metrics and curves.
+
+    metrics_file.py   metrics.jsonl, the plain record of every logged metric
+    tracker.py        MLflow from rank 0 (a local sqlite store or a server), with the dashboards
+    dashboards.py     TensorBoard and Weights & Biases, as a config asks for them
+    run_curves.py     a run folder's metrics and phases against tokens (tools/plot_run.py draws them)
+"""
