@@ -6,16 +6,21 @@ size and digest its `manifest.json` records (written by the save once every rank
 and its data matches the CRC-32 torch.save wrote with each zip record (tags saved before
 manifests existed are checked by those CRC-32s alone).
 That catches a file cut short by a full disk or an interrupted copy, one copied from another
-checkpoint, and bytes changed on disk, before any of it is loaded. Tags are ordered by their step, so
+checkpoint, and bytes changed on disk, before any of it is loaded. A tag holds its own files only:
+a symbolic link anywhere in it (which could bring in files from elsewhere, vouched for by nobody)
+is refused. Tags are ordered by their step, so
 "the previous complete checkpoint" is the newest complete tag with a smaller step.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import zipfile
 import zlib
 from pathlib import Path
+
+import torch
 
 from implicit_megatron.checkpoints import safe_load
 from implicit_megatron.checkpoints.layout import (
@@ -28,6 +33,31 @@ from implicit_megatron.checkpoints.layout import (
 )
 
 CHUNK = 1 << 24
+
+
+def foreign_entry(folder: Path) -> str | None:
+    """What in `folder` is not its own plain file or folder (None: nothing): the folder itself or
+    anything below it that is a symbolic link, a device, a pipe or a socket. A manifest vouches only
+    for what a folder holds; a link could lead a loader to files nobody checked."""
+    if folder.is_symlink():
+        return f"{folder} is a symbolic link (to {os.readlink(folder)})"
+    for root, dirs, files in os.walk(folder):  # a linked folder is listed here, never entered
+        for name in sorted(dirs + files):
+            path = Path(root, name)
+            if path.is_symlink():
+                return f"{path} is a symbolic link (to {os.readlink(path)})"
+            if not (path.is_file() or path.is_dir()):
+                return f"{path} is not a plain file or folder"
+    return None
+
+
+def refuse_foreign_entries(folder: Path) -> None:
+    """Raise UnsafeCheckpoint when `folder` holds anything but its own plain files and folders."""
+    found = foreign_entry(folder)
+    if found:
+        raise safe_load.UnsafeCheckpoint(f"{found}: refused: a checkpoint holds its own files only, and a link "
+                                         "could bring in files that nothing checked (or that run code when loaded); "
+                                         "replace it with the file itself")
 
 
 def check_file(path: Path, crc: bool = True) -> None:
@@ -77,6 +107,25 @@ def expected_files(tag_dir: Path, crc: bool = True) -> list[Path]:
     return files
 
 
+def first_nonfinite(path: Path) -> str | None:
+    """Where the first floating-point tensor of `path` holding NaN or infinity is, and how many such
+    values it holds (None: every value is finite). Weights that are not finite train nothing (every
+    step is skipped), so such a checkpoint is as good as damaged."""
+    state = safe_load.load(path, map_location="cpu", mmap=True)
+    pending = [("", state)]
+    while pending:
+        where, value = pending.pop()
+        if isinstance(value, torch.Tensor):
+            if value.is_floating_point() and not bool(torch.isfinite(value).all()):
+                bad = int((~torch.isfinite(value)).sum())
+                return f"{where.lstrip('.') or 'its tensor'} ({bad} of {value.numel()} values)"
+        elif isinstance(value, dict):
+            pending += [(f"{where}.{key}", item) for key, item in reversed(list(value.items()))]
+        elif isinstance(value, (list, tuple)):
+            pending += [(f"{where}[{i}]", item) for i, item in reversed(list(enumerate(value)))]
+    return None
+
+
 def file_crc32(path: Path) -> int:
     value = 0
     with open(path, "rb") as f:
@@ -109,6 +158,7 @@ def write_manifest(tag_dir: Path, val_loss: float | None = None) -> None:
 
 def record_universal(tag_dir: Path, universal: Path) -> None:
     """Add the files of the tag's universal conversion to its manifest: what vouches for them."""
+    refuse_foreign_entries(universal)
     manifest = json.loads((tag_dir / MANIFEST).read_text())
     files = sorted(p for p in universal.rglob("*") if p.is_file())
     manifest["universal"] = {str(p.relative_to(universal)): {"size": p.stat().st_size, "digest": digest(p)}
@@ -128,6 +178,9 @@ def unvouched_universal(tag_dir: Path, universal: Path) -> str | None:
         listed = None
     if listed is None:
         return f"the manifest of {tag_dir.name} does not record it (no conversion of this project wrote it)"
+    found = foreign_entry(universal)
+    if found:
+        return f"{found} (a conversion holds its own files only)"
     present = {str(p.relative_to(universal)): p for p in universal.rglob("*") if p.is_file()}
     if set(present) != set(listed):
         extra, missing = sorted(set(present) - set(listed)), sorted(set(listed) - set(present))
@@ -151,6 +204,8 @@ def check_manifest(tag_dir: Path, crc: bool) -> dict:
         raise DamagedCheckpoint(tag_dir / MANIFEST, f"does not read back ({err})") from None
     for name, record in listed.items():
         path = tag_dir / name
+        if Path(name).is_absolute() or ".." in Path(name).parts:
+            raise safe_load.UnsafeCheckpoint(f"{tag_dir / MANIFEST}: lists {name}, outside the checkpoint")
         if not path.is_file():
             raise DamagedCheckpoint(path, "is missing")
         if path.stat().st_size != record["size"]:
@@ -166,10 +221,13 @@ def check_manifest(tag_dir: Path, crc: bool) -> dict:
 
 def check_tag(tag_dir: Path, crc: bool = True) -> None:
     """Raise DamagedCheckpoint naming the first file of `tag_dir` that is missing, cut short or changed
-    (against the tag's manifest; for tags saved without one, from the files' own zip CRCs), and
-    UnsafeCheckpoint for a file that would run code when DeepSpeed's loaders unpickle it."""
+    (against the tag's manifest; for tags saved without one, from the files' own zip CRCs), or that
+    holds a tensor with NaN or infinity (with `crc`, the full check), and
+    UnsafeCheckpoint for a file that would run code when DeepSpeed's loaders unpickle it, or for a
+    symbolic link anywhere in the tag."""
     if not tag_dir.is_dir():
         raise DamagedCheckpoint(tag_dir, "is missing")
+    refuse_foreign_entries(tag_dir)
     listed = check_manifest(tag_dir, crc) if (tag_dir / MANIFEST).is_file() else None
     files = expected_files(tag_dir, crc and listed is None)
     for path in files[1:]:
@@ -179,6 +237,10 @@ def check_tag(tag_dir: Path, crc: bool = True) -> None:
             raise DamagedCheckpoint(path, "is not in the checkpoint's manifest")
         if crc:  # the full check, made before anything is loaded
             safe_load.verify(path)
+    for path in files if crc else []:
+        nonfinite = first_nonfinite(path)
+        if nonfinite:
+            raise DamagedCheckpoint(path, f"holds values that are not finite (NaN or inf) in {nonfinite}")
 
 
 def newest_complete(folder: Path, before: int | None = None,

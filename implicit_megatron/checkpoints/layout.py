@@ -16,6 +16,7 @@ import json
 import os
 import re
 import shutil
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,6 +31,8 @@ UNIVERSAL = "universal"  # the sub-folder of a tag that holds its universal conv
 UNIVERSAL_INFO = "universal_checkpoint_info"  # a client-state key DeepSpeed's conversion looks for
 PARTIAL = ".partial-"  # a tag is written under this prefix and renamed when every rank has finished
 PRETRAINED_WEIGHTS = "model.safetensors"  # a folder written by tools/convert_checkpoint.py export/import
+RUN_ID = "run_id"  # in a checkpoints folder: the run whose checkpoints these are (see own_run_id)
+HELD = "held.json"  # tags pruning must leave whatever keep_last says, and why (see hold)
 
 
 class DamagedCheckpoint(ValueError):
@@ -134,15 +137,64 @@ def recorded_val_loss(tag_dir: Path) -> float | None:
 
 def prune(folder: Path, keep_last: int, latest: str) -> None:
     """Keep the newest `keep_last` checkpoints up to `latest` (a newer one, left behind by a fallback
-    from a damaged checkpoint, is replaced when training reaches its step again), and the one with
-    the lowest recorded validation loss: a run that diverges keeps its best weights."""
+    from a damaged checkpoint, is replaced when training reaches its step again), the one with
+    the lowest recorded validation loss (a run that diverges keeps its best weights), and those held
+    (`hold`) until a checkpoint newer than their release step exists."""
     newest = step_of(latest)
+    held = {tag for tag, entry in read_held(folder).items() if (folder / tag).is_dir() and
+            (entry.get("released_at") is None or newest <= entry["released_at"])}
+    write_held(folder, {tag: entry for tag, entry in read_held(folder).items() if tag in held})
     tags = sorted((folder / t for t in tags_by_step(folder) if step_of(t) <= newest), key=lambda p: step_of(p.name))
     scored = [(loss, path) for path in tags if (loss := recorded_val_loss(path)) is not None]
     best = min(scored, key=lambda s: s[0])[1] if scored else None
     for old in tags[:-keep_last] if keep_last > 0 else []:
-        if old != best:
+        if old != best and old.name not in held:
             shutil.rmtree(old, ignore_errors=True)
+
+
+def own_run_id(folder: Path, adopt: str | None = None) -> str:
+    """The run id of a checkpoints folder, made at its first launch (RUN_ID) and saved with every
+    checkpoint, so that a tag copied in from another run is told from the run's own. A folder without
+    one (written before run ids) adopts `adopt`, the id its newest checkpoint records, if any."""
+    path = folder / RUN_ID
+    if path.is_file():
+        return path.read_text().strip()
+    run_id = adopt or uuid.uuid4().hex
+    folder.mkdir(parents=True, exist_ok=True)
+    tmp = folder / f".{RUN_ID}.tmp"
+    tmp.write_text(run_id + "\n")
+    os.replace(tmp, path)
+    return run_id
+
+
+def read_held(folder: Path) -> dict[str, dict]:
+    """{tag: {"why": ..., "released_at": step or None}} from `folder`/HELD (nothing when unreadable)."""
+    try:
+        held = json.loads((folder / HELD).read_text())
+    except (OSError, ValueError):
+        return {}
+    return held if isinstance(held, dict) else {}
+
+
+def write_held(folder: Path, held: dict[str, dict]) -> None:
+    if not held:
+        (folder / HELD).unlink(missing_ok=True)
+        return
+    tmp = folder / f".{HELD}.tmp"
+    tmp.write_text(json.dumps(held, indent=1) + "\n")
+    os.replace(tmp, folder / HELD)
+
+
+def hold(folder: Path, tag: str, why: str) -> None:
+    """Keep `tag` through pruning until `release` and a checkpoint after that (the checkpoint a
+    diverging run names as the one to go back to must still be there when the user does)."""
+    write_held(folder, {**read_held(folder), tag: {"why": why, "released_at": None}})
+
+
+def release(folder: Path, step: int) -> None:
+    """The held tags may be pruned once a checkpoint after `step` exists (it is then known good)."""
+    write_held(folder, {tag: {**entry, "released_at": entry.get("released_at") or step}
+                        for tag, entry in read_held(folder).items()})
 
 
 def remove_partial(cfg: Config, log) -> None:

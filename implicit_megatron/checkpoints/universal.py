@@ -4,7 +4,9 @@ ZeRO stage (deepspeed.checkpoint.ds_to_universal), written once into `<tag>/univ
 DeepSpeed loads a universal checkpoint with the full unpickler, so only a conversion of our own is
 ever used: every file it writes is first loaded with the weights-only unpickler and then recorded,
 file by file, in the tag's manifest; a `universal/` the manifest does not vouch for is converted
-again.
+again. The conversion itself reads only the files a tag must hold (linked into a folder of their
+own, so that a file planted beside them is never read), and reads them weights-only
+(checkpoints/weights_only_convert.py).
 """
 
 from __future__ import annotations
@@ -18,7 +20,12 @@ from pathlib import Path
 import torch
 
 from implicit_megatron.checkpoints import safe_load
-from implicit_megatron.checkpoints.integrity import record_universal, unvouched_universal
+from implicit_megatron.checkpoints.integrity import (
+    expected_files,
+    record_universal,
+    require_complete,
+    unvouched_universal,
+)
 from implicit_megatron.checkpoints.layout import (
     LATEST,
     MODEL_STATES,
@@ -46,7 +53,7 @@ def to_universal(path: Path, workers: int = 2, log=None) -> Path:
         if problem is None:
             return out
         (log or print)(f"{out}: not used: {problem}; converting the checkpoint again")
-        shutil.rmtree(out)
+        out.unlink() if out.is_symlink() else shutil.rmtree(out)
     tmp = path / f".{UNIVERSAL}.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
     _convert(path, tmp, workers)
@@ -61,14 +68,21 @@ def to_universal(path: Path, workers: int = 2, log=None) -> Path:
 
 
 def _convert(path: Path, out: Path, workers: int) -> None:
-    """deepspeed.checkpoint.ds_to_universal from `path` into `out`, made loadable by every stage."""
-    cmd = [sys.executable, "-m", "deepspeed.checkpoint.ds_to_universal", "--input_folder", str(path),
-           "--output_folder", str(out), "--inject_missing_state", "--num_extract_workers", str(workers),
-           "--num_merge_workers", str(max(1, workers // 2))]
-    env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}  # a CPU-only job; it must not claim a GPU
-    for key in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
-        env.pop(key, None)
-    result = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    """deepspeed.checkpoint.ds_to_universal from `path` into `out`, made loadable by every stage.
+    It reads the tag's own files only, weights-only (see the module docstring)."""
+    staged = path.parent / f".{path.name}.conversion-input"
+    shutil.rmtree(staged, ignore_errors=True)
+    try:
+        _stage_own_files(path, staged)
+        cmd = [sys.executable, "-m", "implicit_megatron.checkpoints.weights_only_convert", "--input_folder",
+               str(staged), "--output_folder", str(out), "--inject_missing_state", "--num_extract_workers",
+               str(workers), "--num_merge_workers", str(max(1, workers // 2))]
+        env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}  # a CPU-only job; it must not claim a GPU
+        for key in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+            env.pop(key, None)
+        result = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    finally:
+        shutil.rmtree(staged, ignore_errors=True)
     if result.returncode != 0:
         raise RuntimeError(f"{path}: conversion to a universal checkpoint failed:\n{result.stdout[-3000:]}"
                            f"{result.stderr[-3000:]}")
@@ -80,12 +94,24 @@ def _convert(path: Path, out: Path, workers: int) -> None:
     _readable_by_every_stage(out)
 
 
+def _stage_own_files(path: Path, staged: Path) -> None:
+    """The files the tag must hold (integrity.expected_files), hard-linked (else copied) into
+    `staged`: the converter globs its input folder, and must find nothing else there."""
+    staged.mkdir()
+    for file in expected_files(path):
+        try:
+            os.link(file, staged / file.name)
+        except OSError:  # a file system without hard links
+            shutil.copy2(file, staged / file.name)
+
+
 def universal_of(ckpt_dir: str | Path, tag: str | None = None, workers: int = 4) -> Path:
     """`to_universal` for a checkpoints/ folder and a tag (default: latest), with clear errors."""
     folder = Path(ckpt_dir)
     tag = tag or read_latest(folder)
     if tag is None:
         raise FileNotFoundError(f"{folder}: not a checkpoint folder (no '{LATEST}' file); name a tag with --tag")
+    require_complete(folder, tag)  # every file reads back, nothing in it would run code or is not its own
     layout = saved_layout(folder / tag)
     if layout.plain_optimizer:
         raise RunRefused(f"{folder / tag}: saved under ZeRO-0 in {layout.precision}; its optimizer state is whole "

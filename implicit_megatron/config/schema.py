@@ -229,6 +229,8 @@ class CheckpointConfig:
     max_loss_jump: float | None = 4.0
     # load checkpoint files that need more than the weights-only unpickler (their pickles may run code)
     trust_pickle: bool = False
+    # resume from a tag in this run's checkpoints that another run saved, or whose step is not its name's
+    accept_foreign_checkpoint: bool = False
 
 
 @dataclass

@@ -28,12 +28,14 @@ from implicit_megatron.checkpoints.layout import (
     UNIVERSAL_INFO,
     DamagedCheckpoint,
     checkpoint_dir,
+    own_run_id,
     prune,
     read_client_state,
     read_latest,
     remove_partial,
     write_latest,
 )
+from implicit_megatron.checkpoints.safe_load import UnsafeCheckpoint
 from implicit_megatron.checkpoints.universal import to_universal
 from implicit_megatron.checkpoints.weights import model_settings_changed
 from implicit_megatron.config import Config
@@ -43,6 +45,7 @@ from implicit_megatron.train.handoff import (
     Source,
     find_source,
     load_source_weights,
+    refuse_foreign_tag,
     resume_tag,
     shape_error,
 )
@@ -50,6 +53,26 @@ from implicit_megatron.train.handoff import (
 
 class CheckpointSaveError(RuntimeError):
     """A save that failed (full disk, permissions): the run stops, `latest` is untouched."""
+
+
+def nonfinite_weights(module: torch.nn.Module) -> list[str]:
+    """The parameters of `module` holding NaN or infinity on this rank (ZeRO-3: its partitions)."""
+    return [name for name, p in module.named_parameters()
+            if not bool(torch.isfinite(getattr(p, "ds_tensor", p).detach()).all())]
+
+
+def refuse_nonfinite_weights(module: torch.nn.Module, folder: Path, tag: str) -> None:
+    """Never save weights that are not finite: every rank agrees, and the run stops naming the tensors
+    and the checkpoint `latest` keeps (a resume from it goes back to finite weights)."""
+    bad = nonfinite_weights(module)
+    flag = torch.tensor([float(bool(bad))], device=next(module.parameters()).device)
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    if flag.item():
+        previous = read_latest(folder)
+        kept = f"'latest' still names {folder / previous}" if previous else "no earlier checkpoint exists"
+        names = f" ({', '.join(bad[:3])}{', ...' if len(bad) > 3 else ''} on rank {dist.get_rank()})" if bad else ""
+        raise CheckpointSaveError(f"checkpoint {tag} not saved: the weights hold values that are not finite (NaN or "
+                                  f"inf){names}; {kept}")
 
 
 def _why_save_failed(err: Exception, partial: Path) -> str:
@@ -84,6 +107,7 @@ def save(engine, cfg: Config, tag: str, client_state: dict, val_loss: float | No
                     # lets DeepSpeed's ds_to_universal convert it (pure data parallelism: no TP/PP patterns)
                     UNIVERSAL_INFO: {"universal_checkpoint_version": 0.4}}
     rank, partial = dist.get_rank(), PARTIAL + tag
+    refuse_nonfinite_weights(engine.module, folder, tag)
     if rank == 0:
         shutil.rmtree(folder / partial, ignore_errors=True)
     dist.barrier()
@@ -156,19 +180,28 @@ def _check_data_signature(cfg: Config, client_state: dict, where: Path, fingerpr
     """Refuse a resume that changes the data order. Raising train.steps alone (extending the run) is
     accepted when the samples already seen come in the same order in the data of the new length:
     `fingerprint(n)` (the task's digest of the order of its first n samples) must equal the one
-    saved with the checkpoint. Returns whether the run was extended."""
+    saved with the checkpoint. With the settings unchanged, it must too: shards rebuilt in place
+    (their source changed) would otherwise be read from the old position. Returns whether the run
+    was extended."""
     saved = client_state.get("data_signature", {})
     now = data_signature(cfg)
     changed = {k: (saved.get(k), v) for k, v in now.items() if saved.get(k) != v}
     consumed = int(client_state.get("consumed_samples", 0))
+    same_samples = None  # whether the samples already seen are those the checkpoint saw (None: unknown)
+    if fingerprint is not None and "data_fingerprint" in client_state and consumed \
+            and not cfg.checkpoint.allow_data_change:
+        same_samples = fingerprint(consumed) == client_state["data_fingerprint"]
     if "steps" in changed and consumed > cfg.train.steps * cfg.train.global_batch_size:
         before, after = changed["steps"]
         changed["steps"] = (before, f"{after} (fewer samples than the checkpoint has already seen)")
-    elif set(changed) == {"steps"} and fingerprint is not None and "data_fingerprint" in client_state:
-        if fingerprint(consumed) == client_state["data_fingerprint"]:
+    elif set(changed) == {"steps"} and same_samples is not None:
+        if same_samples:
             return True
         before, after = changed["steps"]
         changed["steps"] = (before, f"{after} (the samples already seen come in another order at this length)")
+    elif not changed and same_samples is False:
+        changed["data"] = ("the samples this checkpoint has seen", "others (the shards under data.prefixes, or the "
+                                                                    "data.source they were built from, changed)")
     if changed and not cfg.checkpoint.allow_data_change:
         detail = "; ".join(f"{k}: {a!r} -> {b!r}" for k, (a, b) in changed.items())
         raise RunRefused(f"{where}: resuming with a changed data order ({detail}) would repeat or skip samples; "
@@ -204,19 +237,25 @@ class Checkpointer:
     def __init__(self, cfg: Config, rank: int, world: int, log, before_latest: Callable[[str], None]) -> None:
         self.cfg, self.rank, self.world, self.log, self.before_latest = cfg, rank, world, log, before_latest
         self.source: Source | None = None
+        self.run_id: str | None = None  # this run's (checkpoints.layout.own_run_id), set by prepare
 
     def prepare(self, model: torch.nn.Module) -> Source | None:
         """Find the checkpoint to start from; convert it or load its weights as the layout requires."""
-        chosen = [None, None]  # rank 0 reads the checkpoint files once; every rank starts from its choice
+        chosen = [None, None, None]  # rank 0 reads the checkpoint files once; every rank starts from its choice
         if self.rank == 0:
             remove_partial(self.cfg, self.log)
             try:
                 chosen[0] = resume_tag(self.cfg, self.log)
-            except (DamagedCheckpoint, OSError) as err:
+                adopt = read_client_state(checkpoint_dir(self.cfg) / chosen[0]).get("run_id") if chosen[0] else None
+                chosen[2] = own_run_id(checkpoint_dir(self.cfg), adopt)
+                if chosen[0]:
+                    refuse_foreign_tag(self.cfg, chosen[0], chosen[2])
+            except (DamagedCheckpoint, UnsafeCheckpoint, RunRefused, OSError) as err:
                 chosen[1] = str(err)
         dist.broadcast_object_list(chosen, src=0)
         if chosen[1]:
             raise RunRefused(f"checkpoint error: {chosen[1]}")
+        self.run_id = chosen[2]
         source = self.source = find_source(self.cfg, self.world, chosen[0])
         if source is None:
             return None
@@ -235,6 +274,10 @@ class Checkpointer:
             fresh = load_source_weights(model, source, self.cfg)
             if fresh:
                 self.log(f"kept the fresh initialisation of {len(fresh)} tensors: {', '.join(fresh[:4])}")
+            bad = nonfinite_weights(model)
+            if bad:
+                raise RunRefused(f"{source.path}: its weights hold values that are not finite (NaN or inf) in "
+                                 f"{', '.join(bad[:3])}{', ...' if len(bad) > 3 else ''}: nothing would train")
         return source
 
     def resume(self, engine, task, batches, progress) -> dict | None:
@@ -269,7 +312,8 @@ class Checkpointer:
         """A checkpoint of this step, tagged `{phase}-step{N}`; returns the tag."""
         p = progress
         tag = f"{p.phase}-step{p.step}" if p.phase else f"step{p.step}"
-        client = {"step": p.step, "consumed_samples": p.consumed_samples, "consumed_tokens": p.consumed_tokens,
+        client = {"step": p.step, "run_id": self.run_id, "consumed_samples": p.consumed_samples,
+                  "consumed_tokens": p.consumed_tokens,
                   "phase": p.phase, "phase_bounds": bounds, "data": batches.state_dict(),
                   "data_fingerprint": task.order_fingerprint(batches, p.consumed_samples)}
         path = save(engine, self.cfg, tag, client, val_loss, self.before_latest)

@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from implicit_megatron.checkpoints.layout import read_latest, step_of, tags_by_step
+from implicit_megatron.checkpoints.layout import hold, read_latest, release, step_of, tags_by_step
 from implicit_megatron.train.step_metrics import read_on_host, reduce_over_ranks
 
 RISE_FACTOR = 1.1  # a loss this many times its running minimum has clearly risen
@@ -86,29 +86,56 @@ def nonfinite_stop(nonfinite_in_row: int, limit: int, checkpoints: Path) -> None
 class DivergenceWatch:
     """Warns once when the training loss has risen clearly above its running minimum and above
     ln(vocabulary), worse than guessing uniformly, for RISEN_INTERVALS log intervals in a row, and
-    names the last checkpoint saved before the rise (the one to go back to)."""
+    names the last checkpoint saved before the rise (the one to go back to). Pruning keeps that
+    checkpoint whatever checkpoint.keep_last says (checkpoints.layout.hold) from the first interval
+    of the rise, since the next save may prune it before the rise is sure. A rise that ends before
+    the warning lets it go at once; after a warning, once the loss has been back down for
+    RISEN_INTERVALS intervals, a checkpoint saved after that is good again and the held one may be
+    pruned (release); a later rise is warned about anew. Rank 0 writes the hold."""
 
-    def __init__(self, vocab_size: int, checkpoints: Path) -> None:
+    def __init__(self, vocab_size: int, checkpoints: Path, rank: int = 0) -> None:
         self.uniform = math.log(vocab_size)
-        self.checkpoints = checkpoints
+        self.checkpoints, self.rank = checkpoints, rank
         self.minimum: tuple[float, int] | None = None  # (loss, step)
-        self.risen = 0
+        self.risen = self.calm = 0
+        self.held: str | None = None
         self.warned = False
 
     def observe(self, loss: float, step: int) -> str | None:
         """The warning to log at this log interval, if any."""
         if self.minimum is None or loss < self.minimum[0]:
             self.minimum, self.risen = (loss, step), 0
+            self._settle(step)
             return None
-        rising = loss > self.uniform and loss > RISE_FACTOR * self.minimum[0]
-        self.risen = self.risen + 1 if rising else 0
+        if not (loss > self.uniform and loss > RISE_FACTOR * self.minimum[0]):
+            self.risen = 0
+            self._settle(step)
+            return None
+        self.risen, self.calm = self.risen + 1, 0
+        best, at = self.minimum
+        if self.held is None:
+            before = [t for t in tags_by_step(self.checkpoints) if step_of(t) <= at]  # newest first
+            if before:
+                self.held = before[0]
+                if self.rank == 0:
+                    hold(self.checkpoints, self.held, f"the last checkpoint before the loss rose at step {step}")
         if self.risen < RISEN_INTERVALS or self.warned:
             return None
         self.warned = True
-        best, at = self.minimum
-        before = [t for t in tags_by_step(self.checkpoints) if step_of(t) <= at]  # newest first
-        where = (f"the last checkpoint before the rise is {self.checkpoints / before[0]}" if before else
-                 "no checkpoint was saved before the rise")
+        where = (f"the last checkpoint before the rise is {self.checkpoints / self.held} (kept until the loss is "
+                 "back down)" if self.held else "no checkpoint was saved before the rise")
         return (f"warning: the training loss rose from {best:.4g} (step {at}) to {loss:.4g} (step {step}), above "
                 f"ln(vocabulary) = {self.uniform:.4g}, worse than guessing, for {self.risen} log intervals in a row: "
                 f"the run is diverging (a learning rate too high?); {where}")
+
+    def _settle(self, step: int) -> None:
+        """The loss is not rising at `step`: let the held checkpoint go, at once when no warning was
+        given, else once the loss has stayed down for RISEN_INTERVALS intervals."""
+        if self.held is None:
+            return
+        self.calm += 1
+        if self.warned and self.calm < RISEN_INTERVALS:
+            return
+        if self.rank == 0:
+            release(self.checkpoints, step)
+        self.held, self.warned, self.calm = None, False, 0

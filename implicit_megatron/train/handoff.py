@@ -28,11 +28,13 @@ from implicit_megatron.checkpoints.layout import (
     LATEST,
     MODEL_STATES,
     PRETRAINED_WEIGHTS,
+    RUN_ID,
     ZERO3_MODEL_STATES,
     DamagedCheckpoint,
     Layout,
     checkpoint_dir,
     phase_of,
+    read_client_state,
     read_latest,
     saved_layout,
     step_of,
@@ -97,6 +99,31 @@ def resume_tag(cfg: Config, log) -> str | None:
     log(f"warning: resuming from {own / chosen}, the newest complete checkpoint; `latest` now names it")
     write_latest(own, chosen)
     return chosen
+
+
+def foreign_tag_problem(path: Path, run_id: str) -> str | None:
+    """Why the tag at `path`, in this run's own checkpoints, is not this run's (None: it is): another
+    run saved it, or the step it holds is not the step its name says (a tag renamed or copied in)."""
+    saved = read_client_state(path)
+    recorded_step = saved.get("step")
+    if recorded_step is not None and recorded_step != step_of(path.name):
+        return f"holds step {recorded_step}, not the step its name says"
+    recorded_run = saved.get("run_id")
+    if recorded_run is not None and recorded_run != run_id:
+        return (f"was saved by another run (run id {recorded_run}; this run's is {run_id}, in "
+                f"{path.parent / RUN_ID})")
+    return None
+
+
+def refuse_foreign_tag(cfg: Config, tag: str, run_id: str) -> None:
+    """RunRefused for a tag of this run's folder that is not this run's, unless accepted explicitly."""
+    path = checkpoint_dir(cfg) / tag
+    problem = foreign_tag_problem(path, run_id)
+    if problem and not cfg.checkpoint.accept_foreign_checkpoint:
+        raise RunRefused(f"{path}: {problem}: resuming from it would not continue this run; remove it and point "
+                         f"{checkpoint_dir(cfg) / LATEST} at one of this run's checkpoints, start from it with "
+                         "checkpoint.load=PATH in a new output folder, or set "
+                         "checkpoint.accept_foreign_checkpoint=true")
 
 
 def find_source(cfg: Config, world_size: int, tag: str | None) -> Source | None:

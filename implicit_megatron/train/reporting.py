@@ -27,7 +27,7 @@ class Reporter:
         self.cfg, self.rank, self.device, self.log = cfg, rank, device, log
         self.tracker = Tracker(cfg, active=rank == 0)
         self.convergence = ConvergenceWatch(cfg.train.warn_unconverged_intervals, log)
-        self.divergence = DivergenceWatch(cfg.model.vocab_size, checkpoint_dir(cfg))
+        self.divergence = DivergenceWatch(cfg.model.vocab_size, checkpoint_dir(cfg), rank)
         self.last_eval: dict[str, float] = {}
         self.last_eval_step: int | None = None
         self.first_step, self.last_step, self.started = 0, cfg.train.steps, time.monotonic()

@@ -119,6 +119,13 @@ def test_killed_runs_resume_exactly(shakespeare_shards, tmp_path):
         assert abs(a[step]["train/loss"] - b[step]["train/loss"]) <= 1e-6, (step, a[step], b[step])
         assert a[step]["train/consumed_samples"] == b[step]["train/consumed_samples"] == step * 8
     assert (interrupted / "checkpoints" / "latest").read_text().strip() == "free-step12"
+    # every launch of a run saves its run's id; another run has another (a tag copied over is refused)
+    from implicit_megatron.checkpoints.layout import RUN_ID, read_client_state
+
+    ours = (interrupted / "checkpoints" / RUN_ID).read_text().strip()
+    assert ours != (straight / "checkpoints" / RUN_ID).read_text().strip()
+    assert {read_client_state(interrupted / "checkpoints" / tag)["run_id"]
+            for tag in ("bounded-step6", "bounded-step10", "free-step12")} == {ours}
 
     # TensorBoard: one curve over the three launches, each step's value the launch's that kept it
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
@@ -209,10 +216,10 @@ def test_honest_endings(shakespeare_shards, tmp_path):
 @pytest.mark.distributed
 def test_a_diverging_run_is_warned_about_and_keeps_its_best_checkpoint(shakespeare_shards, tmp_path):
     """lr 1.0: the loss doubles and stays far above ln(vocabulary). The log warns once, naming the
-    checkpoint before the rise; keep_last=2 prunes every other checkpoint but the best-validated one."""
+    checkpoint before the rise, which keep_last=1 then never prunes (nor the best-validated one)."""
     args = overrides(shakespeare_shards, tmp_path, "train.steps=6", "optimizer.lr=1.0", "schedule.warmup_steps=1",
-                     "tracking.enabled=false", "train.eval_interval=1", "train.eval_samples=8",
-                     "checkpoint.interval=1", "checkpoint.keep_last=2", "checkpoint.max_loss_jump=null")
+                     "tracking.enabled=false", "train.eval_interval=3", "train.eval_samples=8",
+                     "checkpoint.interval=1", "checkpoint.keep_last=1", "checkpoint.max_loss_jump=null")
     result = run_torchrun("-m", "implicit_megatron.train", "configs/tiny/mamba2-explicit.yaml", *args, nproc=1)
     assert result.returncode == 0, result.stdout[-3000:]
     warnings = [line for line in result.stdout.splitlines() if "the run is diverging" in line]
@@ -220,7 +227,9 @@ def test_a_diverging_run_is_warned_about_and_keeps_its_best_checkpoint(shakespea
     assert "warning: the training loss rose from 10.8" in warnings[0] and "(step 1) to " in warnings[0]
     assert f"the last checkpoint before the rise is {tmp_path / 'checkpoints' / 'step1'}" in warnings[0]
     kept = sorted(p.name for p in (tmp_path / "checkpoints").iterdir() if p.is_dir())
-    assert kept == ["step1", "step5", "step6"]  # step 1: the lowest validation loss
+    validated = {row["step"]: row["val/loss"] for row in records_with(tmp_path, "val/loss")}
+    best = min(validated, key=validated.get)
+    assert sorted(validated) == [3, 6] and kept == sorted({"step1", f"step{best}", "step6"})
 
 
 @pytest.mark.distributed

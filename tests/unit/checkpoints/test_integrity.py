@@ -114,3 +114,40 @@ def test_the_manifest_names_a_truncated_changed_swapped_or_unlisted_file(tmp_pat
     (tag / MANIFEST).write_text(json.dumps(manifest))
     with pytest.raises(DamagedCheckpoint, match="rng_rank1.pt: is not in the checkpoint's manifest"):
         check_tag(tag)
+
+
+def test_weights_that_are_not_finite_make_a_tag_damaged_and_the_run_falls_back(tmp_path):
+    """A tag whose weights hold NaN trains nothing (every step is skipped): it is refused by name, and
+    the newest tag with finite weights is the one to resume from."""
+    write_tag(tmp_path, "bounded-step4")
+    poisoned = write_tag(tmp_path, "bounded-step8")
+    states = torch.load(poisoned / "mp_rank_00_model_states.pt", weights_only=False)
+    states["module"]["w"][[3, 7, 11]] = torch.tensor([float("nan"), float("inf"), float("-inf")])
+    torch.save(states, poisoned / "mp_rank_00_model_states.pt")
+    with pytest.raises(DamagedCheckpoint, match=r"model_states.pt: holds values that are not finite \(NaN or inf\) "
+                                                 r"in module.w \(3 of 4096 values\)"):
+        check_tag(poisoned)
+    check_tag(poisoned, crc=False)  # the quick check reads no tensor data
+    chosen, damaged = newest_complete(tmp_path)
+    assert chosen == "bounded-step4" and len(damaged) == 1 and "module.w" in str(damaged[0])
+
+
+def test_weights_that_are_not_finite_are_never_saved(tmp_path):
+    import torch.distributed as dist
+    from support.processes import free_port
+
+    from implicit_megatron.train.checkpointer import CheckpointSaveError, refuse_nonfinite_weights
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
+    try:
+        module = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Linear(2, 2))
+        write_tag(tmp_path, "step4")
+        refuse_nonfinite_weights(module, tmp_path, "step6")
+        with torch.no_grad():
+            module[1].bias[0] = float("nan")
+        with pytest.raises(CheckpointSaveError, match=r"checkpoint step6 not saved: the weights hold values that are "
+                                                      r"not finite \(NaN or inf\) \(1.bias on rank 0\); 'latest' "
+                                                      r"still names .*step4"):
+            refuse_nonfinite_weights(module, tmp_path, "step6")
+    finally:
+        dist.destroy_process_group()

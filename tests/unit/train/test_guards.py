@@ -1,5 +1,6 @@
 """The loss-jump guard: a loss several times its recent mean skips a checkpoint only when it is also
-MIN_LOSS_JUMP nats above it, so a solved task's near-zero losses never cost a save."""
+MIN_LOSS_JUMP nats above it, so a solved task's near-zero losses never cost a save. The divergence
+watch: the checkpoint it names survives pruning until a later one is known good."""
 
 from __future__ import annotations
 
@@ -8,7 +9,8 @@ import torch
 import torch.distributed as dist
 from support.processes import free_port
 
-from implicit_megatron.train.guards import MIN_LOSS_JUMP, LossJumpGuard
+from implicit_megatron.checkpoints.layout import prune, read_held
+from implicit_megatron.train.guards import MIN_LOSS_JUMP, DivergenceWatch, LossJumpGuard
 
 
 @pytest.fixture
@@ -42,3 +44,25 @@ def test_a_checkpoint_is_held_back_at_a_jump_and_the_step_losses_stay_on_the_dev
     assert not guard.allows_save(21, torch.device("cpu"))
     assert said == ["warning: no checkpoint at step 21: the loss jumped beyond checkpoint.max_loss_jump=4.0 x "
                     "its recent mean; the previous checkpoint stays the latest"]
+
+
+def test_the_checkpoint_a_divergence_names_outlives_keep_last_until_a_later_one_is_good(tmp_path):
+    checkpoints = tmp_path / "checkpoints"
+
+    def saved(step: int) -> list[str]:
+        (checkpoints / f"step{step}").mkdir(parents=True)
+        prune(checkpoints, keep_last=1, latest=f"step{step}")
+        return sorted(p.name for p in checkpoints.iterdir() if p.is_dir())
+
+    watch = DivergenceWatch(vocab_size=100, checkpoints=checkpoints)  # ln(100) = 4.6
+    assert watch.observe(6.0, 1) is None and saved(1) == ["step1"]
+    assert watch.observe(5.0, 2) is None and saved(2) == ["step2"]
+    assert watch.observe(9.0, 3) is None
+    warning = watch.observe(9.5, 4)
+    assert f"the last checkpoint before the rise is {checkpoints / 'step2'}" in warning
+    assert "step2" in read_held(checkpoints)
+    assert saved(3) == ["step2", "step3"] and saved(4) == ["step2", "step4"]  # keep_last=1 would prune step2
+    assert watch.observe(5.1, 5) is None and watch.observe(5.05, 6) is None  # back down: released at step 6
+    assert saved(6) == ["step2", "step6"]  # saved at the release step: not yet known good
+    assert saved(7) == ["step7"] and read_held(checkpoints) == {}
+    assert watch.observe(9.0, 8) is None and "the run is diverging" in watch.observe(9.0, 9)  # a new rise warns

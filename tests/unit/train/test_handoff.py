@@ -14,6 +14,7 @@ from implicit_megatron import build_model, load_config
 from implicit_megatron.builder import remove_weight_norm
 from implicit_megatron.checkpoints.layout import DamagedCheckpoint
 from implicit_megatron.checkpoints.weights import load_weights
+from implicit_megatron.errors import RunRefused
 from implicit_megatron.train.curriculum import plan, recorded_bounds, run_bounds
 from implicit_megatron.train.handoff import find_source, resume_tag
 from implicit_megatron.utils.typed_yaml import ConfigError
@@ -24,13 +25,13 @@ CURRICULUM = str(ROOT / "configs/tiny/mamba2-curriculum.yaml")
 
 
 def fake_checkpoint(out: Path, tag: str, world_size: int, zero_stage: int, precision: str = "fp32",
-                    *overrides: str) -> None:
+                    *overrides: str, client: dict | None = None) -> None:
     """A tag folder whose files are those a real one has; the decision reads the model-states file."""
     cfg = load_config(TINY, [f"distributed.zero_stage={zero_stage}", f"distributed.precision={precision}",
                              *overrides])
     folder = out / "checkpoints" / tag
     folder.mkdir(parents=True)
-    states = {"dp_world_size": world_size, "config": cfg.to_dict()}
+    states = {"dp_world_size": world_size, "config": cfg.to_dict(), **(client or {})}
     for rank in range(world_size):
         torch.save({}, folder / f"rng_rank{rank}.pt")
         if zero_stage == 3:
@@ -201,7 +202,8 @@ def test_universal_command_errors(tmp_path):
     fake_checkpoint(tmp_path, "free-step10", 2, 0)
     result = universal(tmp_path / "checkpoints")
     assert result.returncode == 2 and "nothing to convert" in result.stderr
-    assert "not a complete checkpoint" in universal(tmp_path / "checkpoints", "--tag", "free-step9").stderr
+    missing = universal(tmp_path / "checkpoints", "--tag", "free-step9")
+    assert missing.returncode == 2 and "checkpoints/free-step9: is missing" in missing.stderr
 
 
 def test_raised_steps_are_accepted_only_when_the_seen_order_holds():
@@ -216,6 +218,10 @@ def test_raised_steps_are_accepted_only_when_the_seen_order_holds():
     other = {**saved, "data_signature": {**saved["data_signature"], "seed": 1}}
     with pytest.raises(ValueError, match="changed data order"):  # more than the length changed
         _check_data_signature(cfg, other, Path("ckpt"), lambda n: "abc")
+    same = {**saved, "data_signature": data_signature(cfg)}  # nothing changed in the config ...
+    assert not _check_data_signature(cfg, same, Path("ckpt"), lambda n: "abc")
+    with pytest.raises(ValueError, match=r"data: 'the samples this checkpoint has seen' -> 'others \(the shards "):
+        _check_data_signature(cfg, same, Path("ckpt"), lambda n: "xyz")  # ... but the shards were rebuilt
 
 
 def test_an_interrupted_save_is_said_removed_only_when_it_was(tmp_path, monkeypatch):
@@ -237,3 +243,32 @@ def test_an_interrupted_save_is_said_removed_only_when_it_was(tmp_path, monkeypa
     said.clear()
     layout.remove_partial(cfg, said.append)
     assert said == [f"removed {leftover}, a checkpoint whose save was interrupted"] and not leftover.exists()
+
+
+def test_a_tag_another_run_saved_or_that_was_renamed_is_refused_by_name(tmp_path):
+    """`latest` naming a tag copied in from another run (or renamed) would skip or repeat this run's
+    steps: refused naming the tag and why, unless accepted explicitly."""
+    from implicit_megatron.checkpoints.layout import RUN_ID, own_run_id
+    from implicit_megatron.train.handoff import refuse_foreign_tag
+
+    checkpoints = tmp_path / "checkpoints"
+    ours = own_run_id(checkpoints)
+    assert (checkpoints / RUN_ID).read_text().strip() == ours and own_run_id(checkpoints) == ours
+    cfg = load_config(TINY, [f"train.output_dir={tmp_path}"])
+    fake_checkpoint(tmp_path, "step8", 1, 0, client={"step": 8, "run_id": ours})
+    fake_checkpoint(tmp_path, "step9", 1, 0, client={"step": 9, "run_id": "0123abcd"})
+    fake_checkpoint(tmp_path, "step10", 1, 0, client={"step": 12, "run_id": ours})
+    fake_checkpoint(tmp_path, "step11", 1, 0)  # saved before run ids: nothing to tell
+    for tag in ("step8", "step11"):
+        refuse_foreign_tag(cfg, tag, ours)
+    with pytest.raises(RunRefused, match=rf"{checkpoints / 'step9'}: was saved by another run \(run id 0123abcd; "
+                                         rf"this run's is {ours}"):
+        refuse_foreign_tag(cfg, "step9", ours)
+    with pytest.raises(RunRefused, match=rf"{checkpoints / 'step10'}: holds step 12, not the step its name says.*"
+                                         "checkpoint.accept_foreign_checkpoint=true"):
+        refuse_foreign_tag(cfg, "step10", ours)
+    accepting = load_config(TINY, [f"train.output_dir={tmp_path}", "checkpoint.accept_foreign_checkpoint=true"])
+    for tag in ("step9", "step10"):
+        refuse_foreign_tag(accepting, tag, ours)
+    fresh = tmp_path / "legacy" / "checkpoints"
+    assert own_run_id(fresh, adopt="feedbeef") == "feedbeef"  # a folder from before run ids takes its tags' id

@@ -1,0 +1,35 @@
+"""DeepSpeed's conversion to a universal checkpoint, with every file it reads loaded weights-only.
+
+    python -m implicit_megatron.checkpoints.weights_only_convert [ds_to_universal's arguments]
+
+deepspeed.checkpoint.ds_to_universal reads each checkpoint file with torch.load(weights_only=False),
+the full unpickler, which runs whatever code a crafted file holds. Here torch.load is replaced,
+before the converter is imported, by the weights-only load with the allow-list of safe_load (the
+types DeepSpeed's files hold); a file that needs more is refused by name. The replacement is made
+when this module is imported, so the converter's worker processes have it too (forked, or started
+afresh, which imports this module again).
+"""
+
+from __future__ import annotations
+
+import runpy
+import sys
+
+import torch
+
+from implicit_megatron.checkpoints import safe_load
+
+_full_load = torch.load
+
+
+def weights_only_load(f, *args, weights_only=None, **kwargs):
+    """torch.load as the weights-only unpickler, whatever the caller asks for."""
+    with torch.serialization.safe_globals(safe_load.allowed()):
+        return _full_load(f, *args, weights_only=True, **kwargs)
+
+
+torch.load = weights_only_load
+
+if __name__ == "__main__":
+    sys.argv[0] = "ds_to_universal"
+    runpy.run_module("deepspeed.checkpoint.ds_to_universal", run_name="__main__", alter_sys=True)
