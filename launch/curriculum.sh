@@ -33,16 +33,20 @@ if [ -z "${PYTHON:-}" ]; then
 fi
 export PYTHON
 
-# One phase's launch in the background, so that a SIGTERM here reaches it as a graceful stop.
+# One phase's launch in the background, so that a SIGTERM here reaches it as a graceful stop. A
+# SIGTERM between phases (or while the plan is made) starts no further phase.
+stop_asked=0
+trap 'stop_asked=1' TERM
 run_phase() {
   "$@" &
   child=$!
-  trap 'kill -TERM "$child" 2>/dev/null || true' TERM
+  trap 'stop_asked=1; kill -TERM "$child" 2>/dev/null || true' TERM
+  [ "$stop_asked" = 1 ] && kill -TERM "$child" 2>/dev/null  # asked just before the phase started
   while :; do
     set +e; wait "$child"; rc=$?; set -e
     kill -0 "$child" 2>/dev/null || break  # a wait cut short by the trap: the phase still runs
   done
-  trap - TERM
+  trap 'stop_asked=1' TERM
   return "$rc"
 }
 
@@ -51,6 +55,10 @@ while IFS=$'\t' read -r -u 3 name status nodes procs hostfile outdir; do
   if [ "$status" = done ]; then
     echo "[curriculum] phase $name: finished, skipped"
     continue
+  fi
+  if [ "$stop_asked" = 1 ]; then
+    echo "[curriculum] stopped by SIGTERM before phase $name; launch the curriculum again to resume it"
+    exit 0
   fi
   settings=()
   [ "$nodes" != - ] && settings+=("NUM_NODES=$nodes")

@@ -17,6 +17,8 @@
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$root"
+stop_asked=0
+trap 'stop_asked=1' TERM  # until the ranks start: a stop asked now ends the launch before them
 
 args=()
 for arg in "$@"; do  # a launcher may add --local_rank=N; LOCAL_RANK in the environment says the same
@@ -89,9 +91,15 @@ fi
 launch() {
   mkdir -p "$outdir"
   rm -f "$outdir/preempted.json" "$outdir/stop-requested"
+  trap 'touch "$outdir/stop-requested"' TERM  # from here a stop waits for the ranks' first step
+  if [ "$stop_asked" = 1 ]; then
+    echo '{"step": null, "checkpoint": null, "reason": "SIGTERM before the launch"}' > "$outdir/preempted.json"
+    echo "pretrain.sh: stopped by SIGTERM before the ranks started: nothing was trained; launch again to resume" >&2
+    exit 0
+  fi
+  export IMPLICIT_MEGATRON_LAUNCHER_STOP_FILE=1  # the ranks keep a stop file they find (stopping.py)
   "$@" &
   child=$!
-  trap 'touch "$outdir/stop-requested"' TERM
   while :; do
     set +e; wait "$child"; rc=$?; set -e
     kill -0 "$child" 2>/dev/null || break  # a wait cut short by the trap: the launcher still runs

@@ -13,6 +13,9 @@ import torch
 
 
 class Callback:
+    def on_start_up_done(self, cfg) -> None:
+        """The start-up is over (engine built, checkpoint chosen and converted); training comes next."""
+
     def on_loss(self, step: int, loss: torch.Tensor) -> torch.Tensor:
         """A micro-batch's loss before its backward (`step` counts from 1); returns the loss to use."""
         return loss

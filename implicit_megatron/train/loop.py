@@ -108,6 +108,8 @@ class Trainer:
     # ---------------------------------------------------------------- loop
 
     def fit(self) -> None:
+        for callback in self.callbacks:
+            callback.on_start_up_done(self.cfg)
         stopping.check()  # the last point of the start-up: from here a SIGTERM saves a checkpoint
         self.preemption.install()
         self.resume()

@@ -4,7 +4,8 @@ Raising from a signal handler interrupts whatever runs at that moment, a C exten
 initialisation included (it crashed the process); the handlers here only take note. Start-up asks
 `check()` between its stages (config, run lock, model and engine, before the first step). Once
 training runs, `Preemption` takes over: a SIGTERM, or STOP_FILE written by launch/pretrain.sh
-(which received one itself), asks for a stop; the ranks agree on it with the step's one host read
+(which received one itself, at any moment of the launch: the file waits for the first step), asks for
+a stop; the ranks agree on it with the step's one host read
 (step_metrics.step_flags), save a checkpoint, and rank 0 writes PREEMPTED_FILE naming it, which
 tells launch/pretrain.sh that the stop was graceful. `train.exit_after_minutes` asks for the same
 stop once that much time has passed since the rank started (Megatron's exit-duration), so that a run
@@ -14,12 +15,16 @@ saves before its allocation ends rather than being killed mid-step.
 from __future__ import annotations
 
 import json
+import os
 import signal
 import time
 from pathlib import Path
 
 STOP_FILE = "stop-requested"  # in the output folder: stop as SIGTERM would (written by launch/pretrain.sh)
 PREEMPTED_FILE = "preempted.json"  # in the output folder: this launch stopped early, with its checkpoint
+# Set by launch/pretrain.sh for the ranks it starts: it removed the files of earlier launches before
+# starting them and writes STOP_FILE when it gets SIGTERM, so a STOP_FILE the ranks find is this launch's.
+LAUNCHER_OWNS_STOP_FILE = "IMPLICIT_MEGATRON_LAUNCHER_STOP_FILE"
 
 _requested = False
 STARTED = time.monotonic()  # this rank's start (the module is imported first thing): exit_after_minutes counts from it
@@ -56,11 +61,16 @@ class Preemption:
         self.reason = "SIGTERM"  # what asked, as rank 0 saw it
 
     def install(self) -> None:
-        """Take over SIGTERM; a stop asked of an earlier launch is not one asked of this one."""
+        """Take over SIGTERM. A stop asked of an earlier launch is not one asked of this one: its
+        PREEMPTED_FILE goes, and so does its STOP_FILE where no launcher watches this one (a rank
+        started directly, e.g. by srun). Under launch/pretrain.sh the launcher has removed both before
+        the ranks started, and a STOP_FILE found now is a stop asked during the start-up: it stays,
+        and the first step stops."""
         signal.signal(signal.SIGTERM, self._take_note)
         if self.rank == 0:
-            for name in (STOP_FILE, PREEMPTED_FILE):
-                (self.folder / name).unlink(missing_ok=True)
+            (self.folder / PREEMPTED_FILE).unlink(missing_ok=True)
+            if not os.environ.get(LAUNCHER_OWNS_STOP_FILE):
+                (self.folder / STOP_FILE).unlink(missing_ok=True)
 
     def _take_note(self, signum, frame) -> None:
         self.requested = True

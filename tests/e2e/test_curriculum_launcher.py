@@ -46,11 +46,27 @@ def test_two_phase_curriculum_end_to_end(shakespeare_shards, tmp_path):
     assert "phase bounded: starting with GPUS_PER_NODE=2 NPROC=2" in crashed.stdout
     assert (tmp_path / "checkpoints" / "latest").read_text().strip() == "bounded-step8"
 
+    # SIGTERM to the curriculum while the free phase's launch is starting (the handoff converted the
+    # bounded checkpoint; its first step has not run): honoured after that step, with a checkpoint.
+    env = child_env(PYTHON=sys.executable, MASTER_PORT=str(free_port()), **faults(hold_start_up="free"))
+    proc = subprocess.Popen(["bash", "launch/curriculum.sh", CONFIG, *args], cwd=ROOT, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    deadline = time.time() + 300
+    while not (tmp_path / "start-up-held").exists():
+        assert proc.poll() is None and time.time() < deadline, proc.stdout.read()[-3000:]
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGTERM)  # to curriculum.sh alone, as `docker stop` sends it
+    out, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 0, out[-3000:]
+    assert "phase bounded: finished, skipped" in out
+    assert "phase free: starting with GPUS_PER_NODE=1 NPROC=1" in out
+    assert "bounded-step8 (handoff/load, universal)" in out  # 2 processes ZeRO-2 -> 1 process ZeRO-3
+    assert json.loads((tmp_path / "preempted.json").read_text())["checkpoint"] == "free-step9"
+    assert "[curriculum] phase free: stopped early with a checkpoint" in out
+
     result = curriculum(*args)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    assert "phase bounded: finished, skipped" in result.stdout
-    assert "phase free: starting with GPUS_PER_NODE=1 NPROC=1" in result.stdout
-    assert "bounded-step8 (handoff/load, universal)" in result.stdout  # 2 processes ZeRO-2 -> 1 process ZeRO-3
+    assert "free-step9 (resume, native)" in result.stdout
     assert (tmp_path / "checkpoints" / "latest").read_text().strip() == "free-step10"
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     last = [r for r in rows if "train/loss" in r][-1]

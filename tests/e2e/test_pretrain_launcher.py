@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
-from support.processes import ROOT, child_env, free_port
+from support.processes import ROOT, child_env, faults, free_port
 
 
 def pretrain(*args: str, nproc: int = 1, timeout: int = 300) -> subprocess.CompletedProcess:
@@ -61,9 +61,9 @@ def test_two_cpu_processes_train(shakespeare_shards, tmp_path):
     assert not (tmp_path / "run.lock").exists()
 
 
-def start(out: Path, shards: str, *extra: str, steps: int = 300) -> subprocess.Popen:
+def start(out: Path, shards: str, *extra: str, steps: int = 300, env: dict | None = None) -> subprocess.Popen:
     """pretrain.sh with one CPU process and no MASTER_PORT, in a process group of its own."""
-    env = child_env(PYTHON=sys.executable, NPROC="1")
+    env = child_env(PYTHON=sys.executable, NPROC="1", **(env or {}))
     env.pop("MASTER_PORT", None)
     args = ["configs/tiny/mamba2-implicit.yaml", f"data.prefixes=[{shards}]", "data.source=null",
             f"train.output_dir={out}", f"train.steps={steps}", "train.log_interval=1", "checkpoint.interval=1000",
@@ -121,6 +121,40 @@ def test_sigterm_during_start_up_ends_gracefully_and_releases_the_folder(shakesp
     assert "Traceback" not in out and not (tmp_path / "metrics.jsonl").exists()
     assert not (tmp_path / "run.lock").exists()
     assert json.loads((tmp_path / "preempted.json").read_text()) == {"step": None, "checkpoint": None}
+
+
+@pytest.mark.distributed
+def test_sigterm_to_the_script_while_the_rank_starts_stops_after_the_first_step(shakespeare_shards, tmp_path):
+    """pretrain.sh writes the stop file when the rank's start-up is over but its first step has not
+    run (`docker stop` of a launch that resumes): the request is this launch's, and is honoured."""
+    proc = start(tmp_path, shakespeare_shards, env=faults(hold_start_up=True))
+    deadline = time.time() + 180
+    while not (tmp_path / "start-up-held").exists():
+        assert proc.poll() is None and time.time() < deadline, proc.stdout.read()[-3000:]
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=180)
+    assert proc.returncode == 0, out[-3000:]
+    assert "stopped by SIGTERM after step 1" in out
+    assert json.loads((tmp_path / "preempted.json").read_text())["checkpoint"] == "bounded-step1"
+
+
+@pytest.mark.distributed
+def test_sigterm_before_the_ranks_start_ends_the_launch_at_once(shakespeare_shards, tmp_path):
+    """SIGTERM while pretrain.sh checks the config: no rank starts, the launch ends 0 as a graceful stop."""
+    import psutil
+
+    proc = start(tmp_path, shakespeare_shards)
+    deadline = time.time() + 60
+    while not any("implicit_megatron.config" in " ".join(child.cmdline())
+                  for child in psutil.Process(proc.pid).children()):
+        assert proc.poll() is None and time.time() < deadline, proc.stdout.read()[-3000:]
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 0, out[-3000:]
+    assert "stopped by SIGTERM before the ranks started" in out and not (tmp_path / "metrics.jsonl").exists()
+    assert json.loads((tmp_path / "preempted.json").read_text())["checkpoint"] is None
 
 
 @pytest.mark.distributed

@@ -7,6 +7,10 @@ puts this folder on PYTHONPATH and names its faults in TEST_FAULTS (support.proc
     {"loss_jump_at_step": 3}             that step's reported losses are made 1000x (a jump only)
     {"crash_before_latest": "free-step12"}  the process dies as a kill would once every rank has
                                          written that checkpoint, before `latest` names it
+    {"hold_start_up": true}              rank 0 ends its start-up only once the output folder holds
+                                         `stop-requested` (it writes `start-up-held` first, so a test
+                                         knows when to ask for the stop); a phase name instead of
+                                         true: only in the launch of that curriculum phase
 
 They are training callbacks (implicit_megatron.train.callbacks): the project itself reads no fault
 settings.
@@ -16,6 +20,8 @@ from __future__ import annotations
 
 import json
 import os
+import time
+from pathlib import Path
 
 _FAULTS = json.loads(os.environ.get("TEST_FAULTS") or "{}")
 
@@ -23,6 +29,14 @@ if _FAULTS:
     from implicit_megatron.train import callbacks
 
     class _Faults(callbacks.Callback):
+        def on_start_up_done(self, cfg):
+            held = _FAULTS.get("hold_start_up")
+            if held is not None and held in (True, cfg.curriculum.run_phase) and os.environ.get("RANK", "0") == "0":
+                Path(cfg.output_dir, "start-up-held").touch()
+                deadline = time.monotonic() + 120
+                while not Path(cfg.output_dir, "stop-requested").exists() and time.monotonic() < deadline:
+                    time.sleep(0.05)
+
         def on_loss(self, step, loss):
             return loss * float("nan") if step == _FAULTS.get("nan_loss_at_step") else loss
 
