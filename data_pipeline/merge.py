@@ -57,6 +57,15 @@ class _ShardSequence:
             os.replace(name + ".idx" + TMP, name + ".idx")
         return self.done
 
+    def discard(self) -> None:
+        """Remove the temporary files of this split's shards (finished or not)."""
+        names = [*self.done, self._name(len(self.done))]
+        self.builder = None
+        for name in names:
+            for ext in (".bin", ".idx"):
+                if os.path.exists(name + ext + TMP):
+                    os.remove(name + ext + TMP)
+
     def _name(self, k: int) -> str:
         return split_prefix(self.prefix, self.split, k if self.sharded else None)
 
@@ -73,6 +82,15 @@ def merge_split(parts: list[str], prefix: str, split: str, dtype: type[np.intege
         os.remove(stale)
     cap = max_shard_tokens or UNCAPPED
     shards = _ShardSequence(prefix, split, dtype, sharded=max_shard_tokens is not None)
+    try:
+        _copy_documents(parts, shards, cap)
+        return shards.publish()
+    except BaseException:  # a full disk, an interrupt: no half-written file is left behind
+        shards.discard()
+        raise
+
+
+def _copy_documents(parts: list[str], shards: _ShardSequence, cap: int) -> None:
     for part in parts:
         lengths = document_lengths(part)
         ends = np.cumsum(lengths)  # ends[i]: tokens up to and including document i
@@ -89,4 +107,3 @@ def merge_split(parts: list[str], prefix: str, split: str, dtype: type[np.intege
             append_document_range(shards.current(), part, lengths, start, stop, before)
             shards.tokens += int(ends[stop - 1]) - before
             start = stop
-    return shards.publish()

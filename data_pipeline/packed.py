@@ -158,14 +158,15 @@ def _shards_with_weights(prefixes: Sequence[str], weights: Sequence[float] | Non
 
 class _DataIdentity:
     """What megatron-core's config reads from a tokenizer: the EOD id, and a JSON identity that
-    keys its index cache: each shard's .bin and .idx by size and modification time, and the .idx
-    (which holds the document boundaries the cached indices follow) by a digest of its ends too,
-    so that rebuilt or swapped shards never reuse stale indices."""
+    keys its index cache: each shard's .bin by size and modification time, and its .idx (which holds
+    the document boundaries the cached indices follow) by a digest of its whole content, so that a
+    rebuilt, swapped or edited index never reuses stale indices (the .idx is small: 20 bytes a
+    document, hashed at over 1 GB/s)."""
 
     def __init__(self, eod: int, shards: list[str]) -> None:
         self.eod = eod
         self.vocab_size = None  # the token dtype is read from each .idx file
-        files = {s: {"bin": _stat(s + ".bin"), "idx": [*_stat(s + ".idx"), _ends_digest(s + ".idx")]} for s in shards}
+        files = {s: {"bin": _stat(s + ".bin"), "idx": _content_digest(s + ".idx")} for s in shards}
         self.unique_identifiers = {"class": "PackedShards", "eod": eod, "shards": files}
 
 
@@ -174,13 +175,11 @@ def _stat(path: str) -> list[int]:
     return [st.st_size, st.st_mtime_ns]
 
 
-def _ends_digest(path: str, span: int = 1 << 16) -> str:
-    """sha256 of a file's first and last `span` bytes: cheap for index files of any size."""
+def _content_digest(path: str, chunk: int = 1 << 24) -> str:
     sha = hashlib.sha256()
     with open(path, "rb") as handle:
-        sha.update(handle.read(span))
-        handle.seek(max(0, os.path.getsize(path) - span))
-        sha.update(handle.read(span))
+        while block := handle.read(chunk):
+            sha.update(block)
     return sha.hexdigest()
 
 

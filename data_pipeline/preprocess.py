@@ -14,6 +14,7 @@ naming the file and line, after writing everything else.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from data_pipeline.pipeline import PreprocessConfig, PreprocessError, run_preprocess
@@ -57,6 +58,12 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("preprocess: interrupted; rerun the same command to resume", file=sys.stderr)
         return 130
+    except OSError as err:  # a full or read-only disk, most often: one line, and what is kept for a rerun
+        where = err.filename or f"{config.output_prefix}_* ({os.path.dirname(os.path.abspath(config.output_prefix))})"
+        print(f"preprocess: error: {where}: {err.strerror or err}; the finished inputs are kept in "
+              f"{config.output_prefix}.work (no shard was published): fix that and rerun the same command to "
+              "resume", file=sys.stderr)
+        return 1
     unreadable = stats["skipped_examples"].get("unreadable_file", [])
     if stats["skipped"].get("unreadable_file"):  # a cut or damaged input: half a corpus is not a success
         print(f"preprocess: error: {stats['skipped']['unreadable_file']} input(s) could not be read to the end "

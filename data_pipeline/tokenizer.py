@@ -78,7 +78,10 @@ def load_tokenizer(path: str | Path, eod_token: str | None = None) -> Tokenizer:
 def _hf(path: Path, eod_token: str | None) -> Tokenizer:
     from tokenizers import Tokenizer as HFTokenizer
 
-    raw = lzma.decompress(path.read_bytes()) if path.suffix == ".xz" else path.read_bytes()
+    try:
+        raw = lzma.decompress(path.read_bytes()) if path.suffix == ".xz" else path.read_bytes()
+    except (lzma.LZMAError, EOFError) as err:  # cut short (an interrupted copy), or not xz at all
+        raise ValueError(f"{path}: not a whole .xz file ({err}); copy the tokenizer again") from None
     try:
         backend = HFTokenizer.from_str(raw.decode("utf-8"))
     except Exception as err:  # tokenizers raises a bare Exception on malformed files

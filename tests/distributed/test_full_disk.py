@@ -4,23 +4,14 @@ user namespace of the test's own (where the kernel allows unprivileged ones)."""
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 import sys
 
 import pytest
-from support.processes import ROOT, child_env
+from support.processes import ROOT, can_mount_tmpfs, child_env
 
 TINY = "configs/tiny/mamba2-implicit.yaml"
 TAG_MB = 45  # one checkpoint of the tiny model (its GPT-NeoX-sized embedding dominates)
-
-
-def can_mount_tmpfs(folder) -> bool:
-    if shutil.which("unshare") is None:
-        return False
-    probe = subprocess.run(["unshare", "--user", "--map-root-user", "--mount", "sh", "-c",
-                            f"mount -t tmpfs -o size=1m tmpfs {folder}"], capture_output=True)
-    return probe.returncode == 0
 
 
 @pytest.mark.distributed
@@ -47,4 +38,28 @@ def test_a_save_into_a_full_filesystem_fails_by_name_and_keeps_latest(shakespear
     assert f"checkpoint bounded-step10 could not be saved into {folder}" in lines[0]
     assert "no space left on device" in lines[0].lower()
     assert f"'latest' still names {folder / 'bounded-step6'}" in lines[0]
-    assert "LATEST bounded-step6 ['bounded-step6', 'latest']" in result.stdout  # complete; no partial left
+    assert "LATEST bounded-step6 ['bounded-step6', 'latest', 'run_id']" in result.stdout  # complete; no partial left
+
+
+def test_preprocessing_into_a_full_filesystem_fails_by_name_and_publishes_nothing(tmp_path):
+    """Room for the finished input's parts (3 MB) but not for the merged shards as well: one line
+    naming the output and the cause, exit 1, no shard under its name nor half-written, the finished
+    input kept in `.work` for the rerun."""
+    out = tmp_path / "out"
+    out.mkdir()
+    if not can_mount_tmpfs(out):
+        pytest.skip("this kernel does not let an unprivileged user mount a tmpfs (no user namespaces)")
+    preprocess = [sys.executable, "-m", "data_pipeline.preprocess", "--input", "data/corpus/shakespeare.jsonl.zst",
+                  "--tokenizer", "data/tokenizers/gpt-neox-20b.json.xz", "--output-prefix", f"{out}/neox",
+                  "--workers", "1", "--quiet", "--append-eod"]
+    script = f"mount -t tmpfs -o size=4m tmpfs {out} && {{ {' '.join(preprocess)}; echo RC=$?; }}; " \
+             f"ls -A {out}; ls -A {out}/neox.work"
+    result = subprocess.run(["unshare", "--user", "--map-root-user", "--mount", "bash", "-c", script], cwd=ROOT,
+                            env=child_env(), capture_output=True, text=True, timeout=300)
+    assert "RC=1" in result.stdout, result.stdout[-3000:] + result.stderr[-3000:]
+    errors = result.stderr.strip().splitlines()
+    assert len(errors) == 1 and errors[0].startswith(f"preprocess: error: {out}/neox"), result.stderr[-3000:]
+    assert "No space left on device" in errors[0] and f"kept in {out}/neox.work" in errors[0]
+    listed = result.stdout.split("RC=1", 1)[1].split()
+    assert not [name for name in listed if name.endswith((".bin", ".idx", ".tmp", "_stats.json"))], listed
+    assert "neox.work" in listed and any(name.startswith("00000-") for name in listed)  # the finished input

@@ -66,3 +66,15 @@ def run_torchrun(*args: str, nproc: int = 2, timeout: int = 300, **env: str) -> 
         out, _ = proc.communicate()
         pytest.fail(f"{' '.join(cmd)} timed out after {timeout} s:\n{out[-4000:]}")
     return subprocess.CompletedProcess(cmd, proc.returncode, out, "")
+
+
+def can_mount_tmpfs(folder) -> bool:
+    """Whether this kernel lets an unprivileged user mount a tmpfs in a user namespace of its own (the
+    full- and read-only-disk tests run there)."""
+    import shutil
+
+    if shutil.which("unshare") is None:
+        return False
+    probe = subprocess.run(["unshare", "--user", "--map-root-user", "--mount", "sh", "-c",
+                            f"mount -t tmpfs -o size=1m tmpfs {folder}"], capture_output=True)
+    return probe.returncode == 0

@@ -16,7 +16,7 @@ def test_ensure_shards_builds_once_then_serves_training_and_eval(tmp_path, neox,
     ensure_shards(corpus_path, prefix, neox_path, 0.05, 0.05, progress=False)
     files = sorted(os.listdir(tmp_path / "shakespeare"))
     assert [f for f in files if f.endswith((".bin", ".idx", ".json"))] == [
-        "neox_stats.json", "neox_test.bin", "neox_test.idx", "neox_train.bin", "neox_train.idx",
+        "neox_source.json", "neox_stats.json", "neox_test.bin", "neox_test.idx", "neox_train.bin", "neox_train.idx",
         "neox_valid.bin", "neox_valid.idx"]
     stamps = {f: os.stat(tmp_path / "shakespeare" / f).st_mtime_ns for f in files}
     ensure_shards(corpus_path, prefix, neox_path, 0.05, 0.05, progress=False)  # a no-op
@@ -46,3 +46,25 @@ def test_ensure_shards_refuses_shards_of_another_tokenizer(tmp_path, corpus_path
     other = train_byte_bpe(iter_texts([corpus_path], limit_docs=20), 400, str(tmp_path / "other.json"))
     with pytest.raises(ValueError, match="another tokenizer"):
         ensure_shards(str(source), prefix, other, 0.0, 0.0, progress=False)
+
+
+def test_a_changed_source_is_built_again(tmp_path, neox_path, write_jsonl, capsys):
+    """Shards built from data.source follow the source: the same file is never tokenized twice, a
+    changed one is (its documents, not the first build's, are what the shards then hold)."""
+    import json
+
+    source = write_jsonl(tmp_path / "docs.jsonl", [{"text": f"to be or not to be, {i}"} for i in range(20)])
+    prefix = str(tmp_path / "cache" / "neox")
+    ensure_shards(str(source), prefix, neox_path, 0.0, 0.0, workers=0, progress=False)
+    stats = tmp_path / "cache" / "neox_stats.json"
+    assert json.loads(stats.read_text())["documents"] == 20
+    built = stats.stat().st_mtime_ns
+    ensure_shards(str(source), prefix, neox_path, 0.0, 0.0, workers=0, progress=False)
+    assert stats.stat().st_mtime_ns == built  # the same source: kept
+    write_jsonl(source, [{"text": f"that is the question, {i}"} for i in range(30)])
+    capsys.readouterr()
+    ensure_shards(str(source), prefix, neox_path, 0.0, 0.0, workers=0, progress=False)
+    assert f"{source} changed since {prefix}_* were built from it" in capsys.readouterr().out
+    assert json.loads(stats.read_text())["documents"] == 30
+    record = json.loads((tmp_path / "cache" / "neox_source.json").read_text())
+    assert record["size"] == source.stat().st_size

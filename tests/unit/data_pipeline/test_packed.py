@@ -189,12 +189,42 @@ def test_an_index_swapped_for_one_of_the_same_size_is_not_read_with_stale_indice
     assert all(len(sample) == SEQ + 1 for sample in samples)
 
 
+def test_an_index_edited_inside_with_its_size_and_time_kept_is_not_read_with_stale_indices(tmp_path):
+    """Boundaries moved in the middle of a large .idx (beyond any prefix or suffix a partial digest
+    reads), its size and modification time put back: the cached indices are not reused."""
+    import os
+
+    import numpy as np
+
+    prefix = str(tmp_path / "a_train")
+    lengths = [3, 5] * 20000  # 40,000 documents: an index of 800 KB
+    write_unique_token_shard(prefix, lengths)
+    before = build_packed_dataset([str(tmp_path / "a")], None, "train", SEQ, seed=1)
+    [before[i] for i in range(len(before))]
+    idx = tmp_path / "a_train.idx"
+    stat, data = idx.stat(), bytearray(idx.read_bytes())
+    header = len(data) - 20 * len(lengths) - 8  # then lengths (int32), pointers and document index (int64)
+    sizes = np.frombuffer(bytes(data[header:header + 4 * len(lengths)]), dtype=np.int32).copy()
+    sizes[20000], sizes[20001] = sizes[20001], sizes[20000]  # two documents in the middle: 3, 5 -> 5, 3
+    pointers = np.concatenate([[0], np.cumsum(sizes[:-1], dtype=np.int64)]) * 2  # uint16 tokens
+    data[header:header + 4 * len(lengths)] = sizes.tobytes()
+    data[header + 4 * len(lengths):header + 12 * len(lengths)] = pointers.tobytes()
+    idx.write_bytes(bytes(data))
+    os.utime(idx, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    assert idx.stat().st_size == stat.st_size and idx.stat().st_mtime_ns == stat.st_mtime_ns
+    after = build_packed_dataset([str(tmp_path / "a")], None, "train", SEQ, seed=1)
+    fresh = build_packed_dataset([str(tmp_path / "a")], None, "train", SEQ, seed=1,
+                                 cache_dir=str(tmp_path / "fresh-cache"))
+    assert len(after) == len(fresh)
+    assert all(np.array_equal(after[i], fresh[i]) for i in range(len(fresh)))
+
+
 def test_a_failed_read_names_the_shard(tmp_path, monkeypatch):
     """Indices that no longer fit their shard (here: a cache keyed as before, by the .bin alone,
     after the .idx was swapped) fail with the shard's prefix, not a bare numpy error."""
     from data_pipeline import packed
 
-    monkeypatch.setattr(packed, "_ends_digest", lambda path: "")
+    monkeypatch.setattr(packed, "_content_digest", lambda path: "")
     monkeypatch.setattr(packed, "_stat", lambda path: [0, 0])
     prefix = str(tmp_path / "a_train")
     lengths = document_lengths_summing_to(1000, seed=0)
