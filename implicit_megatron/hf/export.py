@@ -26,6 +26,7 @@ from implicit_megatron.checkpoints.weights import consolidated_weights
 from implicit_megatron.config import Config
 from implicit_megatron.models.lm import LanguageModel
 from implicit_megatron.utils.typed_yaml import build_dataclass
+from implicit_megatron.utils.whole_folder import written_whole
 
 MODEL_FILE, CONFIG_FILE, MODELING_FILE = "model.safetensors", "config.json", "modeling_implicit_megatron.py"
 CONFIG_KEY = "implicit_megatron"
@@ -34,10 +35,16 @@ AUTO_MAP = {"AutoConfig": "modeling_implicit_megatron.ImplicitMegatronConfig",  
 
 
 def write_folder(out: Path, model: LanguageModel, cfg: Config, dtype: torch.dtype) -> Path:
-    """model.safetensors + config.json + the tokenizer + the transformers modeling file."""
+    """model.safetensors + config.json + the tokenizer + the transformers modeling file, under the
+    name `out` only once all are written (utils.whole_folder)."""
+    with written_whole(out) as partial:
+        _write_files(partial, model, cfg, dtype)
+    return Path(out)
+
+
+def _write_files(out: Path, model: LanguageModel, cfg: Config, dtype: torch.dtype) -> None:
     from safetensors.torch import save_file
 
-    out.mkdir(parents=True, exist_ok=True)
     tensors = {k: v.detach().to(dtype).contiguous() for k, v in model.state_dict().items()}
     save_file(tensors, str(out / MODEL_FILE), metadata={"format": "pt"})
     umask = os.umask(0)
@@ -49,7 +56,6 @@ def write_folder(out: Path, model: LanguageModel, cfg: Config, dtype: torch.dtyp
           CONFIG_KEY: cfg.to_dict()}
     (out / CONFIG_FILE).write_text(json.dumps(hf, indent=2))
     write_modeling_file(out)
-    return out
 
 
 def write_modeling_file(out: Path) -> None:

@@ -22,6 +22,7 @@ from implicit_megatron.builder import build_model
 from implicit_megatron.config import Config, read_config
 from implicit_megatron.hf.export import write_folder
 from implicit_megatron.hf.import_explicit import DEFAULT_BASE, read_source, source_name
+from implicit_megatron.utils.whole_folder import written_whole
 
 logger = logging.getLogger(__name__)
 
@@ -305,16 +306,15 @@ def _released_name(name: str, inverse_layer: dict[str, str], inverse_top: dict[s
 
 def export_released(model, cfg: Config, out_dir: str | Path, dtype: torch.dtype = torch.float32) -> Path:
     """A folder the released code loads (`from_pretrained`) and evaluates to the same logits."""
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
     hf = released_config(cfg, dtype)
     tensors = {k: v.to(dtype) for k, v in released_tensors(model, cfg).items()}
     if cfg.model.tie_embeddings:
         tensors["criterion.decoder.weight"] = tensors["word_emb.emb.weight"]  # one storage, as saved there
-    torch.save(tensors, out / "pytorch_model.bin")
-    (out / "config.json").write_text(json.dumps(hf, indent=2, sort_keys=True) + "\n")
-    (out / "generation_config.json").write_text(json.dumps({"_from_model_config": True}, indent=2) + "\n")
-    return out
+    with written_whole(out_dir) as out:
+        torch.save(tensors, out / "pytorch_model.bin")
+        (out / "config.json").write_text(json.dumps(hf, indent=2, sort_keys=True) + "\n")
+        (out / "generation_config.json").write_text(json.dumps({"_from_model_config": True}, indent=2) + "\n")
+    return Path(out_dir)
 
 
 def export_released_from(path: str | Path, out_dir: str | Path, tag: str | None = None,

@@ -11,6 +11,7 @@ A writer that fails warns once and stops; the run goes on (metrics.jsonl keeps e
 
 from __future__ import annotations
 
+import os
 import secrets
 from pathlib import Path
 
@@ -26,6 +27,12 @@ class TensorBoard:
     def __init__(self, folder: Path, first_step: int) -> None:  # first_step: where this launch starts (0-based)
         from torch.utils.tensorboard import SummaryWriter
 
+        # The writer opens its file in a thread of its own, whose failure is a traceback on stderr,
+        # not an error here: find out first, in this thread, whether the folder takes files.
+        folder.mkdir(parents=True, exist_ok=True)
+        probe = folder / f".write-probe-{os.getpid()}"
+        probe.write_bytes(b"")
+        probe.unlink()
         # a resumed launch's first step replaces what an interrupted launch wrote from there on
         self.writer = SummaryWriter(log_dir=str(folder), purge_step=first_step + 1 if first_step else None)
 

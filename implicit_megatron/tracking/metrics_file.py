@@ -20,18 +20,21 @@ def append_metrics(output_dir: str | Path, step: int, metrics: dict[str, float])
 
 def drop_metrics_after(output_dir: str | Path, step: int) -> list[int]:
     """Remove the records of steps after `step` from metrics.jsonl (a resume trains them again, so
-    each step keeps one record); returns the steps removed. The file is replaced atomically."""
+    each step keeps one record), and any line a kill cut short (readers such as pandas take the file
+    as JSON lines, whole); returns the steps removed. The file is replaced atomically."""
     path = Path(output_dir) / METRICS_FILE
     if not path.is_file():
         return []
-    kept, dropped = [], []
+    kept, dropped, torn = [], [], 0
     for line in path.read_text().splitlines():
         try:
-            later = json.loads(line).get("step", 0) > step
+            record = json.loads(line)
+            later = record.get("step", 0) > step
         except (ValueError, AttributeError):
-            later = False  # a line cut by a kill: left as it is, read_metrics skips it
+            torn += 1
+            continue
         (dropped if later else kept).append(line)
-    if dropped:
+    if dropped or torn:
         tmp = path.with_suffix(".jsonl.tmp")
         tmp.write_text("".join(line + "\n" for line in kept))
         tmp.replace(path)

@@ -126,3 +126,47 @@ def test_weights_and_biases_offline_writes_a_run_that_a_resume_continues(tmp_pat
     run_id = (tmp_path / "wandb_run_id").read_text().strip()
     runs = sorted((tmp_path / "wandb").glob(f"offline-run-*-{run_id}"))
     assert len(runs) == 2 and all((r / f"run-{run_id}.wandb").is_file() for r in runs)  # one run, resumed
+
+
+def test_a_tensorboard_folder_that_takes_no_files_is_one_warning(tmp_path):
+    """On a read-only file system the writer's own thread would fail with a traceback on stderr; the
+    launch says it once and goes on."""
+    import subprocess
+    import sys
+
+    from support.processes import ROOT, can_mount_tmpfs, child_env
+
+    out = tmp_path / "out"
+    out.mkdir()
+    if not can_mount_tmpfs(out):
+        pytest.skip("this kernel does not let an unprivileged user mount a tmpfs (no user namespaces)")
+    snippet = ("from implicit_megatron import load_config\n"
+               "from implicit_megatron.tracking.dashboards import Dashboards\n"
+               f"cfg = load_config('configs/tiny/mamba2-implicit.yaml', ['train.output_dir={out}', "
+               "'tracking.tensorboard=true'], check_files=False)\n"
+               "d = Dashboards(); d.start(cfg, 0); d.log({'train/loss': 1.0}, 1); d.finish('FINISHED')\n"
+               "import time; time.sleep(0.5)\n")
+    script = (f"mount -t tmpfs -o size=1m tmpfs {out} && mkdir {out}/tensorboard && mount -o remount,ro {out} && "
+              f"{sys.executable} -c \"$SNIPPET\"")
+    result = subprocess.run(["unshare", "--user", "--map-root-user", "--mount", "bash", "-c", script], cwd=ROOT,
+                            env=child_env(SNIPPET=snippet), capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "TensorBoard is off for this launch (OSError: [Errno 30] Read-only file system" in result.stdout
+    assert "Traceback" not in result.stderr and "Exception in thread" not in result.stderr, result.stderr[-3000:]
+
+
+def test_a_resume_drops_the_steps_it_trains_again_and_a_line_a_kill_cut(tmp_path):
+    import json
+
+    from implicit_megatron.tracking.metrics_file import METRICS_FILE, append_metrics, drop_metrics_after, read_metrics
+
+    for step in range(1, 7):
+        append_metrics(tmp_path, step, {"train/loss": 10.0 - step})
+    with open(tmp_path / METRICS_FILE, "a") as handle:
+        handle.write('{"step": 7, "train/lo')  # killed mid-write
+    assert drop_metrics_after(tmp_path, 4) == [5, 6]
+    lines = (tmp_path / METRICS_FILE).read_text().splitlines()
+    assert [json.loads(line)["step"] for line in lines] == [1, 2, 3, 4]  # every line whole JSON
+    (tmp_path / METRICS_FILE).write_text((tmp_path / METRICS_FILE).read_text() + '{"st')
+    assert drop_metrics_after(tmp_path, 4) == []
+    assert (tmp_path / METRICS_FILE).read_text().endswith("}\n") and len(read_metrics(tmp_path)) == 4

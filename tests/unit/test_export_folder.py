@@ -1,0 +1,69 @@
+"""An export appears under its name only when whole: a kill half-way leaves no folder that loads with
+files missing; exporting again over an earlier export keeps what else that folder held."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from support.processes import ROOT
+
+from implicit_megatron import build_model, from_pretrained, load_config
+from implicit_megatron.hf.export import CONFIG_FILE, MODEL_FILE, MODELING_FILE, write_folder
+
+KILLED_WHILE_WRITING = """
+import os, sys, torch
+from implicit_megatron import build_model, load_config
+from implicit_megatron.hf import export
+
+def killed(out):  # the modeling file is written last: die as kill -9 would, just before it
+    os._exit(137)
+
+export.write_modeling_file = killed
+cfg = load_config("configs/tiny/mamba2-explicit.yaml", check_files=False)
+export.write_folder(export.Path(sys.argv[1]), build_model(cfg), cfg, torch.float32)
+"""
+
+
+def tiny():
+    cfg = load_config(ROOT / "configs/tiny/mamba2-explicit.yaml",
+                      [f"data.tokenizer={ROOT / 'data/tokenizers/gpt-neox-20b.json.xz'}"])
+    return build_model(cfg).eval(), cfg
+
+
+def test_a_killed_export_leaves_no_folder_under_its_name(tmp_path):
+    out = tmp_path / "export"
+    killed = subprocess.run([sys.executable, "-c", KILLED_WHILE_WRITING, str(out)], cwd=ROOT, capture_output=True,
+                            text=True, timeout=300)
+    assert killed.returncode == 137, killed.stderr[-2000:]
+    assert not out.exists()
+    (partial,) = tmp_path.glob(".export.partial-*")  # what the kill left, hidden
+    assert (partial / MODEL_FILE).is_file() and not (partial / MODELING_FILE).exists()
+    with pytest.raises(FileNotFoundError, match="no config.json"):
+        from_pretrained(out)
+    model, cfg = tiny()
+    write_folder(out, model, cfg, torch.float32)
+    assert not list(tmp_path.glob(".export.*"))  # the next export cleared it
+    ids = torch.tensor([[3, 1, 4, 1, 5]])
+    assert torch.equal(from_pretrained(out)(ids), model(ids))
+
+
+def test_exporting_again_replaces_the_export_and_keeps_the_rest(tmp_path):
+    out = tmp_path / "export"
+    model, cfg = tiny()
+    write_folder(out, model, cfg, torch.float32)
+    (out / "evaluation").mkdir()
+    (out / "evaluation" / "results.json").write_text("{}")
+    with torch.no_grad():
+        model.embedding.weight.mul_(2)
+    write_folder(out, model, cfg, torch.float32)
+    assert (out / "evaluation" / "results.json").read_text() == "{}"
+    assert {p.name for p in out.iterdir()} >= {CONFIG_FILE, MODEL_FILE, MODELING_FILE, "evaluation"}
+    assert torch.equal(from_pretrained(out).embedding.weight, model.embedding.weight)
+    assert not list(tmp_path.glob(".export.*"))
+    (tmp_path / "a-file").write_text("x")
+    with pytest.raises(ValueError, match=r"a-file: exists and is not a folder"):
+        write_folder(Path(tmp_path / "a-file"), model, cfg, torch.float32)
