@@ -28,6 +28,10 @@ from implicit_megatron.implicit.solver import SolverStats, relative_residual, re
 logger = logging.getLogger(__name__)
 
 
+NORMS = ("norms",)  # the key of the weights' graph, which every solver graph reads
+MAX_SHAPE_GRAPHS = 8  # graphs kept for input shapes before they are evicted
+
+
 class _CaptureFailed(Exception):
     """A graph could not be captured; the forward is redone eagerly."""
 
@@ -91,6 +95,7 @@ class ImplicitCore(nn.Module):
         self.cuda_graphs = cuda_graphs
         self.graph_blocker: str | None = None  # set by whoever makes graphs impossible (ZeRO-3)
         self._graphs: dict[tuple, object] = {}
+        self._unverified: set[tuple] = set()  # keys of graphs not yet checked against the eager passes
         self._addresses: graphs_lib.Addresses | None = None  # of the backbone, listed at the first graph
         self._graph_addresses: tuple[int, ...] | None = None
         self._normed: tuple[int, list[nn.Module]] | None = None  # (weight_norm.changes, the layers)
@@ -111,6 +116,7 @@ class ImplicitCore(nn.Module):
         """Switch solver settings, e.g. set_phase(max_iter=24, tol=0.05, phantom_steps=4)."""
         self.settings = replace(self.settings, **changes)
         self._graphs = {key: g for key, g in self._graphs.items() if key[0] != "grad"}  # the old phase's
+        self._unverified = {key for key in self._unverified if key[0] != "grad"}
         # passes with gradient hold memory the new phase may need; the weights and solver graphs stay
 
     # ------------------------------------------------------------------ simultaneous mode
@@ -189,13 +195,15 @@ class ImplicitCore(nn.Module):
     # ------------------------------------------------------------------ CUDA graphs
 
     def _graphed(self, x: torch.Tensor, seq_idx: torch.Tensor | None) -> torch.Tensor:
-        """The forward with every pass replayed from a CUDA graph (see implicit.graphs)."""
+        """The forward with every pass replayed from a CUDA graph (see implicit.graphs). A graph's
+        first use is checked against the eager passes on this forward's inputs (`_verify`)."""
         if not self.implicit:  # one pass with gradient from z0 = x
             return self._grad_graphs(x, None, seq_idx, 1, None)(x, None, seq_idx)
         norms = None
         if self._weight_normed():
-            norms = self._captured(("norms",), lambda: graphs_lib.NormGraphs(self.backbone))
+            norms = self._captured(NORMS, lambda: graphs_lib.NormGraphs(self.backbone))
             norms.refresh()
+            self._verify(NORMS, norms.verify, x.dtype)
         inj = self.injection(x) if self.injection is not None else None
         s = self.settings
         z0 = torch.zeros_like(x)
@@ -207,6 +215,7 @@ class ImplicitCore(nn.Module):
             z_star, stats = solve_with(solver.step, z0, s.cap(self.training), s.stop_tol(self.training),
                                        s.anderson, self.group)
             z_star, stats.residual = z_star.clone(), stats.residual.clone()
+        self._verify(key, lambda: solver.verify(z_star), x.dtype)
         if not self._finish_solve(stats):
             return z_star
         with self._timed("phantom"):
@@ -215,6 +224,27 @@ class ImplicitCore(nn.Module):
                     return phantom_steps(lambda z: self.backbone(z, inj, seq_idx=seq_idx), z_star,
                                          s.phantom_steps, s.damping)
             return self._grad_graphs(z_star, inj, seq_idx, s.phantom_steps, s.damping)(z_star, inj, seq_idx)
+
+    def _verify(self, key: tuple, difference, dtype: torch.dtype) -> None:
+        """Before the graphs of `key` count for the first time: their relative difference from the
+        eager passes on this forward's inputs (`difference()`, see graphs.verify) must be within the
+        dtype's tolerance. Otherwise "on" raises; "auto" says so once, with the figures, and the core
+        runs eagerly from this forward on."""
+        if key not in self._unverified:
+            return
+        gap, tolerance = difference(), graphs_lib.TOLERANCE.get(dtype, 1e-2)
+        self._unverified.discard(key)
+        if gap <= tolerance:
+            return
+        what = {"norms": "the weights' graph", "solve": "the solver's pass", "grad": "the passes with gradient"}[key[0]]
+        message = (f"CUDA graphs differ from the eager passes: {what} by {gap:.2e} (relative; the tolerance for "
+                   f"{str(dtype).removeprefix('torch.')} is {tolerance:.0e})")
+        self._drop_graphs()
+        if self.cuda_graphs == "on":
+            raise RuntimeError(f"{message}; implicit.cuda_graphs=off runs the passes eagerly")
+        self.cuda_graphs = "off"
+        self._log_once(f"{message}; the passes run eagerly")
+        raise _CaptureFailed(message)
 
     def _use_graphs(self, x: torch.Tensor, seq_idx: torch.Tensor | None) -> bool:
         """Graphs for this forward? Not for the released evaluation rule and unrolled gradients
@@ -252,12 +282,19 @@ class ImplicitCore(nn.Module):
 
     def _captured(self, key: tuple, make):
         """The graphs for `key`, captured on first use. A failed capture frees every graph of this
-        core; under "auto" it turns graphs off for the core with one log line, under "on" it raises."""
+        core; under "auto" it turns graphs off for the core with one log line, under "on" it raises.
+        Beyond MAX_SHAPES input shapes (evaluation at many lengths, say) the shapes' graphs are
+        evicted, never the weights' graph: the solver graphs read its buffers, and a solver graph
+        must not outlive, or be built on, the weights' graph it reads."""
         if key not in self._graphs:
-            if len(self._graphs) >= 8:  # e.g. evaluation batches of many shapes: keep memory bounded
-                self._drop_graphs()
+            if len(self._graphs) >= MAX_SHAPE_GRAPHS and key != NORMS:  # keep memory bounded
+                self._graphs = {k: g for k, g in self._graphs.items() if k == NORMS}
+                self._unverified &= {NORMS}
+                self._pool = None
+                torch.cuda.empty_cache()
             try:
                 self._graphs[key] = make()
+                self._unverified.add(key)
             except Exception as err:
                 self._drop_graphs()
                 if self.cuda_graphs == "on":
@@ -269,6 +306,7 @@ class ImplicitCore(nn.Module):
 
     def _drop_graphs(self) -> None:
         self._graphs.clear()
+        self._unverified.clear()
         self._pool = None
         torch.cuda.empty_cache()  # the graphs' pools go back to the device (a no-op where CUDA never started)
 
@@ -282,7 +320,9 @@ class ImplicitCore(nn.Module):
     def _grad_graphs(self, z, inj, seq_idx, steps: int, damping: float | None) -> graphs_lib.GradGraphs:
         key = ("grad", _shape(z), z.requires_grad, _shape(inj), inj is not None and inj.requires_grad,
                _shape(seq_idx), steps, damping)
-        return self._captured(key, lambda: graphs_lib.GradGraphs(self.backbone, z, inj, seq_idx, steps, damping))
+        graphs = self._captured(key, lambda: graphs_lib.GradGraphs(self.backbone, z, inj, seq_idx, steps, damping))
+        self._verify(key, lambda: graphs.verify(z, inj, seq_idx), z.dtype)
+        return graphs
 
     def _log_once(self, message: str) -> None:
         if message not in self._logged:

@@ -26,6 +26,12 @@ the solver graphs share one (only their outputs outlive a replay, and those stay
 Parameters and buffers are read by address, so the core re-captures when any of them moves
 (`Addresses`). `why_not(...)` names the reason a graph cannot be used; the core then runs
 eagerly.
+
+A graph that captured without error may still compute something else than the eager passes (an
+operation a GPU's graphs get wrong, a stream not waited on): the first use of every graph is
+checked against the eager passes on the same inputs (`verify`: the largest relative difference of
+its outputs, and of the gradients for a random output gradient), and the core uses it only when
+that difference is within its dtype's `TOLERANCE`.
 """
 
 from __future__ import annotations
@@ -41,7 +47,18 @@ from implicit_megatron.implicit import weight_norm
 from implicit_megatron.implicit.phantom import phantom_steps
 from implicit_megatron.implicit.solver import relative_residual
 
+TOLERANCE = {torch.float64: 1e-10, torch.float32: 2e-4, torch.bfloat16: 3e-2, torch.float16: 1e-2}
 GRAPH_DEVICE = "cuda"  # where graphs exist (tests emulate them on "cpu": tests/support/cuda_graph_emulation.py)
+
+
+def difference(got: torch.Tensor | None, expected: torch.Tensor | None) -> float:
+    """||got - expected|| / ||expected|| (a missing gradient counts as zeros; NaN counts as infinite)."""
+    if got is None and expected is None:
+        return 0.0
+    got = torch.zeros_like(expected) if got is None else got
+    expected = torch.zeros_like(got) if expected is None else expected
+    gap = (got.double() - expected.double()).norm() / expected.double().norm().clamp_min(1e-30)
+    return float("inf") if not torch.isfinite(gap) else gap.item()
 
 
 def why_not(x: torch.Tensor, backbone: nn.Module, blocker: str | None) -> str | None:
@@ -58,17 +75,47 @@ def why_not(x: torch.Tensor, backbone: nn.Module, blocker: str | None) -> str | 
 
 
 class Addresses:
-    """Where every parameter and buffer of a module lives. A graph reads them by address, so a
-    moved or replaced tensor (a new RoPE table, parameters re-allocated by an engine) means
-    re-capture. The slots are listed once; reading them is a dictionary lookup each (a module walk
+    """Where every parameter and buffer of a module lives, as a replay relies on it: address, dtype,
+    shape and strides. A graph reads them by address, so a moved, replaced or reshaped tensor (a new
+    RoPE table, parameters re-allocated by an engine, weight norm applied or removed) means
+    re-capture. The slots are listed again only when weight norm changed the module's structure
+    (weight_norm.changes) or a slot is gone; reading them is a dictionary lookup each (a module walk
     per forward cost a millisecond of host time at 1.3B parameters)."""
 
     def __init__(self, module: nn.Module) -> None:
-        self.slots = [(table, name) for m in module.modules() for table in (m._parameters, m._buffers)
+        self.module = module
+        self._list()
+
+    def _list(self) -> None:
+        self.changes = weight_norm.changes
+        self.slots = [(table, name) for m in self.module.modules() for table in (m._parameters, m._buffers)
                       for name in table]
 
-    def read(self) -> tuple[int, ...]:
-        return tuple(-1 if (t := table[name]) is None else t.data_ptr() for table, name in self.slots)
+    def read(self) -> tuple:
+        if self.changes != weight_norm.changes:
+            self._list()
+        try:
+            return tuple(_where(table[name]) for table, name in self.slots)
+        except KeyError:  # a parameter or buffer was removed (a parametrisation moved it)
+            self._list()
+            return tuple(_where(table[name]) for table, name in self.slots)
+
+
+def _where(t: torch.Tensor | None) -> tuple:
+    return (-1,) if t is None else (t.data_ptr(), t.dtype, t.shape, t.stride())
+
+
+@contextlib.contextmanager
+def capture(graph, **kwargs):
+    """torch.cuda.graph, leaving the caller on the stream it was on whatever happens. torch's context
+    goes back to that stream only when capture_end succeeds: after a failed capture, every later
+    kernel (the eager fallback's, the rest of the run's) would run on the graph's side stream."""
+    stream = torch.cuda.current_stream()
+    try:
+        with torch.cuda.graph(graph, **kwargs):
+            yield
+    finally:
+        torch.cuda.set_stream(stream)
 
 
 def _warm_up(run: Callable[[], None]) -> None:
@@ -90,7 +137,7 @@ class NormGraphs:
         with torch.no_grad():
             _warm_up(lambda: weight_norm.compute(self.layers))
             self.graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(self.graph, pool=torch.cuda.graph_pool_handle()):
+            with capture(self.graph, pool=torch.cuda.graph_pool_handle()):
                 self.values = weight_norm.compute(self.layers)
 
     def refresh(self) -> None:
@@ -100,6 +147,11 @@ class NormGraphs:
     def reading(self):
         """Passes within the context read the static values as the weights."""
         return weight_norm.reading(self.layers, self.values)
+
+    @torch.no_grad()
+    def verify(self) -> float:
+        """The largest relative difference between the refreshed values and the weights computed eagerly."""
+        return max(difference(v, e) for v, e in zip(self.values, weight_norm.compute(self.layers), strict=True))
 
 
 class SolverGraphs:
@@ -114,7 +166,7 @@ class SolverGraphs:
         with torch.no_grad():
             _warm_up(self._pass)
             self.graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(self.graph, pool=pool, capture_error_mode="thread_local"):
+            with capture(self.graph, pool=pool, capture_error_mode="thread_local"):
                 self.f_z, self.residual = self._pass()
 
     def _pass(self) -> tuple[torch.Tensor, torch.Tensor]:
@@ -136,6 +188,14 @@ class SolverGraphs:
             self.z.copy_(z)
         self.graph.replay()
         return self.f_z, self.residual
+
+    @torch.no_grad()
+    def verify(self, z: torch.Tensor) -> float:
+        """The largest relative difference between one replayed pass from `z` (this forward's inputs,
+        taken by `start`) and the eager pass, which computes the weights itself."""
+        f_z, residual = (t.clone() for t in self.step(z, True))
+        expected = self.backbone(z, self.inj, seq_idx=self.seq_idx)
+        return max(difference(f_z, expected), difference(residual, relative_residual(expected, z)))
 
 
 class PassesWithGradient(nn.Module):
@@ -163,6 +223,7 @@ class GradGraphs:
 
     def __init__(self, backbone: nn.Module, z: torch.Tensor, inj: torch.Tensor | None,
                  seq_idx: torch.Tensor | None, steps: int, damping: float | None) -> None:
+        self.backbone, self.steps, self.damping = backbone, steps, damping
         self.params = dict(backbone.named_parameters())
         self.z = z.detach().clone().requires_grad_(z.requires_grad)
         self.inj = None if inj is None else inj.detach().clone().requires_grad_(inj.requires_grad)
@@ -183,14 +244,45 @@ class GradGraphs:
         _warm_up(lambda: torch.autograd.grad(run(), needed, torch.ones_like(self.z), allow_unused=True))
         self.pool = torch.cuda.graph_pool_handle()
         self.forward_graph, self.backward_graph = torch.cuda.CUDAGraph(), torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.forward_graph, pool=self.pool):
+        with capture(self.forward_graph, pool=self.pool):
             out = run()
         self.grad_out = torch.empty_like(out)
-        with torch.cuda.graph(self.backward_graph, pool=self.pool):
+        with capture(self.backward_graph, pool=self.pool):
             grads = iter(torch.autograd.grad(out, needed, self.grad_out, allow_unused=True))
         self.grads = [next(grads) if want else None for want in self.wants]
         self.out = out.detach()  # the autograd graph goes; the saved activations stay in the pool
         self.generation = 0
+        self.where = [_where(p) for p in self.params.values()]  # what the backward replay reads too
+
+    def verify(self, z: torch.Tensor, inj: torch.Tensor | None, seq_idx: torch.Tensor | None) -> float:
+        """The largest relative difference between the replayed output and gradients (for a random
+        output gradient) and those of the eager passes on the same inputs. Autograd reaches the
+        parameters through leaves of our own, so nothing is accumulated into `.grad`."""
+        with torch.no_grad():
+            for static, value in ((self.seq_idx, seq_idx), (self.z, z), (self.inj, inj)):
+                if value is not None:
+                    static.copy_(value)
+            self.forward_graph.replay()
+            self.generation += 1  # a backward of an earlier forward can no longer be replayed
+            out = self.out.clone()
+            cotangent = torch.randn(out.shape, generator=torch.Generator(out.device).manual_seed(0),
+                                    device=out.device, dtype=out.dtype)
+            self.grad_out.copy_(cotangent)
+            self.backward_graph.replay()
+            grads = [None if g is None else g.clone() for g in self.grads]
+        aliases = {f"backbone.{name}": p.detach().requires_grad_(p.requires_grad) for name, p in self.params.items()}
+        inputs = [z.detach().requires_grad_(self.wants[0]),
+                  None if inj is None else inj.detach().requires_grad_(self.wants[1]), *aliases.values()]
+        with torch.enable_grad():
+            expected = functional_call(PassesWithGradient(self.backbone, self.steps, self.damping), aliases,
+                                       (inputs[0], inputs[1], seq_idx))
+            needed = [t for t, want in zip(inputs, self.wants, strict=True) if want]
+            expected_grads = iter(torch.autograd.grad(expected, needed, cotangent, allow_unused=True))
+        gaps = [difference(out, expected.detach())]
+        for got, want in zip(grads, self.wants, strict=True):
+            if want:
+                gaps.append(difference(got, next(expected_grads)))
+        return max(gaps)
 
     def __call__(self, z: torch.Tensor, inj: torch.Tensor | None, seq_idx: torch.Tensor | None) -> torch.Tensor:
         """The passes' output for this forward, differentiable in z, inj and every parameter."""
@@ -218,6 +310,11 @@ class _Replayed(torch.autograd.Function):
         if ctx.generation != graphs.generation:
             raise RuntimeError("backward of a CUDA-graphed forward after a later forward replayed the same graph: "
                                "backpropagate each forward before the next, or set implicit.cuda_graphs=off")
+        for (name, p), where in zip(graphs.params.items(), graphs.where, strict=True):
+            if _where(p) != where:
+                raise RuntimeError(f"parameter {name} moved to other memory (or changed dtype or shape) between "
+                                   "the forward and the backward of a CUDA-graphed pass: its backward graph would "
+                                   "read the old memory; set implicit.cuda_graphs=off for code that does this")
         graphs.grad_out.copy_(grad)
         graphs.backward_graph.replay()
         return (None, *(None if g is None else g.clone() for g in graphs.grads))

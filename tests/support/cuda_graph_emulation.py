@@ -17,8 +17,14 @@ replay. This module gives CPU tensors the same semantics:
   memory") where a GPU would silently read whatever now lives there.
 - At the end of a capture, floating-point memory made during it is filled with NaN and external
   memory the capture wrote to is restored: a capture computes nothing.
-- Host synchronisation inside a capture (`.item()`, `nonzero`, `torch.equal`, ...) raises, as
-  `cudaStreamCapture` does; so do nested captures and replays during a capture.
+- Host synchronisation inside a capture (`.item()`, `.tolist()`, `.cpu()`, `.numpy()`, `nonzero`,
+  `bincount`, `torch.equal`, `torch.cuda.synchronize`, ...) raises, as `cudaStreamCapture` does; so
+  does a copy from pageable host memory (a tensor made from Python or numpy data), a nested capture
+  and a replay during a capture.
+- Streams: `torch.cuda.current_stream()` is the stream last made current (by `torch.cuda.stream`
+  or `set_stream`), as on a GPU, so a test sees which stream the code is left on. A capture can be
+  made to fail at its end (`EmulatedGraph.fail_capture_end`), as a capture invalidated by an
+  illegal operation does on a GPU.
 
 `install()` patches `torch.cuda`'s graph primitives (CUDAGraph, graph_pool_handle, streams,
 synchronize, empty_cache, is_current_stream_capturing) and the device the project's graph code
@@ -40,7 +46,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 SYNCHRONISING = {"_local_scalar_dense", "nonzero", "equal", "is_nonzero", "masked_select", "unique",
-                 "_unique2", "repeat_interleave"}
+                 "_unique2", "repeat_interleave", "bincount"}
+HOST_COPIES = {"lift_fresh", "lift_fresh_copy"}  # a tensor from Python or numpy data: a copy from pageable memory
 
 
 class CaptureError(RuntimeError):
@@ -91,6 +98,9 @@ class _Recorder(TorchDispatchMode):
         if name in SYNCHRONISING:
             raise CaptureError(f"operation not permitted when stream is capturing ({func}): a host "
                                "synchronisation inside a CUDA graph capture")
+        if name in HOST_COPIES:
+            raise CaptureError(f"operation not permitted when stream is capturing ({func}): a copy from "
+                               "pageable host memory inside a CUDA graph capture")
         leaves, spec = tree_flatten((args, kwargs))
         self.graph._protect_external_writes(func, args, kwargs)
         inputs = {t.untyped_storage().data_ptr() for t in leaves if isinstance(t, torch.Tensor)}
@@ -109,6 +119,8 @@ class _Recorder(TorchDispatchMode):
 
 class EmulatedGraph:
     """torch.cuda.CUDAGraph over CPU tensors; see the module docstring."""
+
+    fail_capture_end = False  # a test sets it: the next capture fails at its end, as an invalidated one does
 
     def __init__(self, keep_graph: bool = False) -> None:
         self.ops: list[_Op] = []
@@ -132,6 +144,11 @@ class EmulatedGraph:
     def capture_end(self) -> None:
         self._recorder.__exit__(None, None, None)
         _state["capturing"] = None
+        if EmulatedGraph.fail_capture_end:
+            EmulatedGraph.fail_capture_end = False
+            self.reset()
+            raise CaptureError("operation failed due to a previous error during capture (the capture was "
+                               "invalidated)")
         self.captured = True
         with torch.no_grad():
             for target, value in self.saved.values():  # a capture computes nothing
@@ -221,18 +238,59 @@ class _Stream:
         pass
 
     def synchronize(self) -> None:
-        pass
+        _refuse_during_capture("torch.cuda.Stream.synchronize")
 
     def record_event(self, event=None):
         return event
 
 
-_CURRENT = _Stream()
+_DEFAULT_STREAM = _Stream()
+_state["stream"] = _DEFAULT_STREAM
 
 
-@contextlib.contextmanager
-def _stream(stream):
-    yield
+def _current_stream(device=None) -> _Stream:
+    return _state["stream"]
+
+
+def _set_stream(stream) -> None:
+    _state["stream"] = stream
+
+
+class _StreamContext:
+    """torch.cuda.stream(s): `s` is current until the context ends, then the one before it again
+    (torch.cuda.graph enters and leaves it by hand, as this emulates)."""
+
+    def __init__(self, stream) -> None:
+        self.stream, self.before = stream, None
+
+    def __enter__(self):
+        self.before = _state["stream"]
+        if self.stream is not None:
+            _state["stream"] = self.stream
+        return self.stream
+
+    def __exit__(self, *exc) -> None:
+        _state["stream"] = self.before
+
+
+def _refuse_during_capture(what: str) -> None:
+    if _state["capturing"] is not None:
+        raise CaptureError(f"operation not permitted when stream is capturing ({what}): a host synchronisation "
+                           "inside a CUDA graph capture")
+
+
+def _synchronize(device=None) -> None:
+    _refuse_during_capture("torch.cuda.synchronize")
+
+
+def _host_read(method):
+    """A tensor method that copies to the host (`.cpu()`, `.tolist()`, `.numpy()`): refused in a capture."""
+
+    def read(self, *args, **kwargs):
+        _refuse_during_capture(f"Tensor.{method.__name__}")
+        return method(self, *args, **kwargs)
+
+    return read
 
 
 def install() -> callable:
@@ -244,9 +302,10 @@ def install() -> callable:
                (torch.cuda.graphs, "graph_pool_handle", _graph_pool_handle),
                (torch.cuda, "is_current_stream_capturing", lambda: _state["capturing"] is not None),
                (torch.cuda.graphs, "is_current_stream_capturing", lambda: _state["capturing"] is not None),
-               (torch.cuda, "Stream", _Stream), (torch.cuda, "stream", _stream),
-               (torch.cuda, "current_stream", lambda device=None: _CURRENT),
-               (torch.cuda, "synchronize", lambda device=None: None),
+               (torch.cuda, "Stream", _Stream), (torch.cuda, "stream", _StreamContext),
+               (torch.cuda, "current_stream", _current_stream), (torch.cuda, "set_stream", _set_stream),
+               (torch.cuda, "synchronize", _synchronize),
+               *[(torch.Tensor, name, _host_read(getattr(torch.Tensor, name))) for name in ("cpu", "tolist", "numpy")],
                (torch.cuda, "empty_cache", lambda: None), (torch._C, "_host_emptyCache", lambda: None),
                (torch.cuda.graphs.graph, "default_capture_stream", None),
                (graphs_lib, "GRAPH_DEVICE", "cpu")]
@@ -256,6 +315,7 @@ def install() -> callable:
         setattr(owner, name, value)
 
     def undo() -> None:
+        _state["stream"] = _DEFAULT_STREAM
         for owner, name, value in reversed(old):
             if value is missing:
                 delattr(owner, name)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from support.cuda_graph_emulation import CaptureError, emulated
+from support.cuda_graph_emulation import CaptureError, EmulatedGraph, emulated
 
 
 @pytest.fixture(autouse=True)
@@ -50,6 +50,41 @@ def test_host_synchronisation_and_nested_capture_are_refused():
         with pytest.raises(CaptureError, match="already being captured"):
             torch.cuda.CUDAGraph().capture_begin()
         x.cos()
+
+
+REFUSED_IN_A_CAPTURE = {  # what a GPU refuses while a stream is captured, and the emulation with it
+    "Tensor.cpu": lambda x: x.cpu(),
+    "Tensor.tolist": lambda x: x.tolist(),
+    "Tensor.numpy": lambda x: x.numpy(),
+    "bincount": lambda x: torch.bincount(x.long()),
+    "torch.cuda.synchronize": lambda x: torch.cuda.synchronize(),
+    "Stream.synchronize": lambda x: torch.cuda.current_stream().synchronize(),
+    "a tensor from Python data": lambda x: torch.tensor([1.0, 2.0]),
+}
+
+
+@pytest.mark.parametrize("what", list(REFUSED_IN_A_CAPTURE))
+def test_host_reads_and_host_copies_are_refused_in_a_capture(what):
+    x = torch.arange(4.0)
+    REFUSED_IN_A_CAPTURE[what](x)  # allowed outside a capture
+    with pytest.raises(CaptureError, match="not permitted when stream is capturing"), \
+            torch.cuda.graph(torch.cuda.CUDAGraph()):
+        REFUSED_IN_A_CAPTURE[what](x)
+    assert not torch.cuda.is_current_stream_capturing()
+
+
+def test_the_current_stream_is_the_one_made_current_and_a_failed_capture_leaves_the_side_stream():
+    before = torch.cuda.current_stream()
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        assert torch.cuda.current_stream() is side
+    assert torch.cuda.current_stream() is before
+    EmulatedGraph.fail_capture_end = True
+    with pytest.raises(CaptureError, match="invalidated"), torch.cuda.graph(torch.cuda.CUDAGraph()):
+        assert torch.cuda.current_stream() is not before  # captures run on a side stream
+        torch.arange(3.0).cos()
+    assert torch.cuda.current_stream() is not before  # torch's context did not go back (graphs.capture does)
+    torch.cuda.set_stream(before)
 
 
 def test_backward_is_captured_and_replayed():

@@ -39,9 +39,10 @@ def test_the_graph_and_collective_checks_pass_on_the_emulation():
     tool = load_tool()
     with emulated():
         lines = tool.graph_lines("tiny/llama-implicit", torch.device("cpu"), torch.float64, 2, 16,
-                                 "model.vocab_size=101", "implicit.weight_norm=true")
-    assert [line.figure.split(":")[0] for line in lines] == list(tool.MODES)
-    assert all(line.ok for line in lines), "\n".join(map(str, lines))
+                                 "model.vocab_size=101")
+    assert [line.figure.split(":")[0] for line in lines] == [
+        mode if mode == "explicit" else f"{mode} with weight norm" for mode in tool.MODES]
+    assert all(line.ok and "3 steps with updated weights" in line.figure for line in lines), "\n".join(map(str, lines))
     try:
         line = tool.collective_line(torch.device("cpu"))
     finally:
