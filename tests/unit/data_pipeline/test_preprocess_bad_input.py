@@ -5,6 +5,7 @@ from __future__ import annotations
 import gzip
 import json
 import os
+from pathlib import Path
 
 import pytest
 
@@ -70,13 +71,19 @@ def test_each_bad_record_class_is_counted_and_skipped(tmp_path, neox, neox_path,
         assert read_split(str(prefix), split) == expected[split]
 
 
-def test_missing_tokenizer_exits_2_naming_it(tmp_path, run_cli, write_jsonl):
+@pytest.mark.parametrize("damage", ["missing", "cut short"])
+def test_a_missing_or_cut_tokenizer_exits_2_naming_it(tmp_path, run_cli, write_jsonl, neox_path, damage):
     source = write_jsonl(tmp_path / "docs.jsonl", [{"text": "hello"}])
-    missing = tmp_path / "no-such-tokenizer.json"
-    result = run_cli("data_pipeline.preprocess", "--input", str(source), "--tokenizer", str(missing),
+    tokenizer = tmp_path / "tokenizer.json.xz"
+    if damage == "cut short":  # an interrupted copy of the bundled .xz
+        tokenizer.write_bytes(Path(neox_path).read_bytes()[:100_000])
+    result = run_cli("data_pipeline.preprocess", "--input", str(source), "--tokenizer", str(tokenizer),
                      "--output-prefix", str(tmp_path / "out" / "neox"))
     assert result.returncode == 2
-    assert str(missing) in result.stderr and "--tokenizer" in result.stderr
+    assert str(tokenizer) in result.stderr and "--tokenizer" in result.stderr
+    assert "Traceback" not in result.stderr and len(result.stderr.strip().splitlines()) == 1, result.stderr
+    if damage == "cut short":
+        assert "not a whole .xz file" in result.stderr
     assert not (tmp_path / "out").exists()
 
 
