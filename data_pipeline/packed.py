@@ -28,9 +28,10 @@ Semantics (megatron-core's GPTDataset, which builds and caches the indices):
   shards by their token counts; None: in proportion to tokens) with megatron-core's
   deterministic blending index, built in memory.
 - Everything depends only on (shards, seq_len, seed, num_samples): every rank and every restart
-  sees the same sample i.  Index files are cached in `cache_dir` (default: `index-cache` next to
-  the first prefix), which must be visible to every rank; with torch.distributed initialised,
-  rank 0 builds them first and the other ranks wait at a barrier, so call this on all ranks.
+  sees the same sample i.  Index files are cached in `cache_dir` (default `index_cache_dir`:
+  `index-cache` next to the first prefix, or this user's cache where the shards are read-only);
+  with torch.distributed initialised, rank 0 builds them first and the other ranks wait at a
+  barrier, so call this on all ranks (a rank that does not see rank 0's cache builds its own).
 """
 
 from __future__ import annotations
@@ -112,8 +113,7 @@ def build_packed_dataset(prefixes: Sequence[str], weights: Sequence[float] | Non
     else:
         per_shard = [math.ceil(math.ceil(num_samples * w) * (1 + BLEND_SURPLUS)) for w in shard_weights]
     keep = [i for i, n in enumerate(one_epoch) if n > 0 and per_shard[i] != 0]
-    config = _config(prefixes, shards, split, seq_len, seed,
-                     cache_dir or os.path.join(os.path.dirname(os.path.abspath(prefixes[0])), "index-cache"))
+    config = _config(prefixes, shards, split, seq_len, seed, index_cache_dir(prefixes, cache_dir))
     parts = _build_in_rank_order(lambda: [_gpt_dataset(shards[i], split, per_shard[i], config) for i in keep],
                                  config.path_to_cache)
     names = [shards[i] for i in keep]
@@ -123,6 +123,21 @@ def build_packed_dataset(prefixes: Sequence[str], weights: Sequence[float] | Non
         return PackedDataset(parts, seq_len, sum(len(p) for p in parts), _exhaustive_blend(parts), names)
     return PackedDataset(parts, seq_len, num_samples,
                          _weighted_blend(parts, [shard_weights[i] for i in keep], num_samples), names)
+
+
+def index_cache_dir(prefixes: Sequence[str], cache_dir: str | None = None) -> str:
+    """Where the packed-sample index cache goes: `cache_dir` when given; else `index-cache` beside the
+    first prefix's shards when that folder takes files; else (shards on a read-only file system, as
+    shared cluster datasets usually are) a folder of this user's cache named after the shards' folder."""
+    if cache_dir:
+        return cache_dir
+    folder = os.path.dirname(os.path.abspath(prefixes[0]))
+    beside = os.path.join(folder, "index-cache")
+    if os.access(beside if os.path.isdir(beside) else folder, os.W_OK | os.X_OK):
+        return beside
+    user_cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    named = hashlib.sha256(folder.encode()).hexdigest()[:16]
+    return os.path.join(user_cache, "implicit-megatron", "index-cache", named)
 
 
 def build_eval_datasets(prefixes: Sequence[str], split: str, seq_lens: Sequence[int], seed: int,

@@ -49,6 +49,21 @@ def check(cfg: Config, check_files: bool = True, check_data: bool = False) -> No
         validate_data(cfg, fail)
 
 
+def notes(cfg: Config) -> list[str]:
+    """What a user should know before the launch that is not an error (the pre-launch check prints
+    them): where the packed-sample index cache goes when the shards' folder takes no files."""
+    if cfg.task.kind != "language_model" or not cfg.data.prefixes or cfg.data.index_cache is not None:
+        return []
+    from data_pipeline.packed import index_cache_dir
+
+    where = index_cache_dir(cfg.data.prefixes)
+    beside = os.path.join(os.path.dirname(os.path.abspath(cfg.data.prefixes[0])), "index-cache")
+    if where == beside:
+        return []
+    return [f"the shards of data.prefixes[0] are in a folder this user cannot write ({os.path.dirname(beside)}): "
+            f"their packed-sample index cache goes to {where} (data.index_cache names another place)"]
+
+
 def validate_word_problem(cfg: Config, fail) -> None:
     from data_pipeline.synthetic.algebra import get_algebra
 

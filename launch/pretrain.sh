@@ -12,8 +12,9 @@
 #   PYTHON (the interpreter; default: .venv, set up on first use, or an installed package's python).
 # Ports: one node without MASTER_PORT takes a free port (two runs on one machine do not collide);
 #   several nodes use MASTER_PORT or 29500 on every node.
-# Preemption: SIGTERM to this script (or to the whole job) makes the ranks save a checkpoint and
-#   stop; the script then exits 0, as after a finished run. Anything else exits non-zero.
+# Preemption: SIGTERM to this script (or to the whole job), or Ctrl-C, makes the ranks finish their
+#   step, save a checkpoint and stop; the script then exits 0, as after a finished run. A second
+#   Ctrl-C stops at once (exit 130). Anything else exits non-zero.
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$root"
@@ -85,20 +86,40 @@ else
   port="${MASTER_PORT:-29500}"
 fi
 
-# The launcher runs as a child of this script. SIGTERM here writes the stop file the ranks watch
-# (they save and exit 0); when the launcher itself was signalled too and exits non-zero, the ranks'
-# preempted.json says the stop was graceful.
+# The launcher runs as a child of this script, in a session of its own, so that a Ctrl-C in the
+# terminal reaches this script only. SIGTERM or a first Ctrl-C here writes the stop file the ranks
+# watch (they finish the step, save and exit 0); a second Ctrl-C kills the launcher and its ranks at
+# once. When the launcher itself was signalled too and exits non-zero, the ranks' preempted.json
+# says the stop was graceful. The ranks end when this script or their launcher is gone.
+ask_stop() {
+  echo "$1" > "$outdir/stop-requested.tmp" && mv -f "$outdir/stop-requested.tmp" "$outdir/stop-requested"
+}
+interrupted() {
+  interrupts=$((interrupts + 1))
+  if [ "$interrupts" -eq 1 ]; then
+    ask_stop "SIGINT (Ctrl-C)"
+    echo "pretrain.sh: Ctrl-C: the ranks finish their step, save a checkpoint and stop (Ctrl-C again: at once)" >&2
+    return
+  fi
+  kill -KILL -- "-$child" 2>/dev/null || true
+  echo "pretrain.sh: stopped at once by a second Ctrl-C: what was trained since the last checkpoint is lost" >&2
+  exit 130
+}
 launch() {
   mkdir -p "$outdir"
   rm -f "$outdir/preempted.json" "$outdir/stop-requested"
-  trap 'touch "$outdir/stop-requested"' TERM  # from here a stop waits for the ranks' first step
+  trap 'ask_stop SIGTERM' TERM  # from here a stop waits for the ranks' first step
   if [ "$stop_asked" = 1 ]; then
     echo '{"step": null, "checkpoint": null, "reason": "SIGTERM before the launch"}' > "$outdir/preempted.json"
     echo "pretrain.sh: stopped by SIGTERM before the ranks started: nothing was trained; launch again to resume" >&2
     exit 0
   fi
+  interrupts=0
+  trap interrupted INT
   export IMPLICIT_MEGATRON_LAUNCHER_STOP_FILE=1  # the ranks keep a stop file they find (stopping.py)
-  "$@" &
+  IMPLICIT_MEGATRON_LAUNCH_PID=$$ IMPLICIT_MEGATRON_LAUNCH_HOST="$(uname -n)"
+  export IMPLICIT_MEGATRON_LAUNCH_PID IMPLICIT_MEGATRON_LAUNCH_HOST
+  setsid "$@" &
   child=$!
   while :; do
     set +e; wait "$child"; rc=$?; set -e

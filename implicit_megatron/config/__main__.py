@@ -15,7 +15,7 @@ import sys
 
 import yaml
 
-from implicit_megatron.prelaunch import load_config
+from implicit_megatron.prelaunch import load_config, notes
 from implicit_megatron.utils.typed_yaml import ConfigError
 
 
@@ -42,6 +42,8 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as err:
         print(f"config error: {err}", file=sys.stderr)
         return 2
+    for note in dict.fromkeys(n for cfg in configs for n in notes(cfg)):
+        print(f"note: {note}", file=sys.stderr)
     if args.get:
         for cfg in configs:
             value = cfg

@@ -123,6 +123,9 @@ class DataConfig:
     source: str | None = None  # raw text to build missing shards from (the quickstart corpus)
     # train although data.tokenizer is not the tokenizer the shards were built with (their _stats.json)
     allow_tokenizer_mismatch: bool = False
+    # the packed-sample index cache; null: index-cache/ beside the shards where that folder takes files,
+    # else (read-only shards) under $XDG_CACHE_HOME (~/.cache)/implicit-megatron/index-cache/
+    index_cache: str | None = None
 
 
 @dataclass

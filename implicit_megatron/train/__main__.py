@@ -103,12 +103,19 @@ def _run(args, seen_output) -> int:
 
 
 def _exit_with_launcher(launcher: int) -> None:
-    """torchrun and the DeepSpeed launcher start ranks in sessions of their own, so a kill -9 of the
-    launch's process group leaves them training. A watcher ends this rank once its launcher is gone,
-    as preprocessing's workers do (the run lock of a dead rank is taken over by the next launch)."""
+    """torchrun and the DeepSpeed launcher start ranks in sessions of their own, and launch/pretrain.sh
+    starts the launcher in one of its own, so a kill -9 of the launch's process group leaves them
+    training. Watchers end this rank once its launcher, or the pretrain.sh that started it on this
+    host, is gone, as preprocessing's workers do (the run lock of a dead rank is taken over by the
+    next launch)."""
+    import socket
+
     from data_pipeline.processes import exit_when_gone
 
     exit_when_gone(launcher, message=f"[train] the launcher of this rank (process {launcher}) is gone; exiting")
+    script = os.environ.get("IMPLICIT_MEGATRON_LAUNCH_PID")
+    if script and os.environ.get("IMPLICIT_MEGATRON_LAUNCH_HOST") == socket.gethostname():
+        exit_when_gone(int(script), message=f"[train] launch/pretrain.sh (process {script}) is gone; exiting")
 
 
 def _free_port() -> int:

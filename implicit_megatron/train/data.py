@@ -21,11 +21,12 @@ def prepare_shards(cfg: Config) -> None:
 
 def train_batches(cfg: Config, dp_rank: int, dp_size: int, grad_accum: int) -> DistributedBatchIterator:
     dataset = build_packed_dataset(cfg.data.prefixes, cfg.data.weights, "train", seq_len=cfg.data.seq_len,
-                                   seed=cfg.data.seed, num_samples=cfg.train.steps * cfg.train.global_batch_size)
+                                   seed=cfg.data.seed, num_samples=cfg.train.steps * cfg.train.global_batch_size,
+                                   cache_dir=cfg.data.index_cache)
     return DistributedBatchIterator(dataset, cfg.train.micro_batch_size, dp_rank, dp_size, grad_accum)
 
 
 def valid_dataset(cfg: Config):
     """One epoch of the validation split; every evaluation reads its first train.eval_samples windows."""
     return build_packed_dataset(cfg.data.prefixes, cfg.data.weights, "valid", seq_len=cfg.data.seq_len,
-                                seed=cfg.data.seed, num_samples=None)
+                                seed=cfg.data.seed, num_samples=None, cache_dir=cfg.data.index_cache)

@@ -1,7 +1,8 @@
 """Stopping a rank gracefully: SIGTERM during its start-up, and preemption while it trains.
 
 Raising from a signal handler interrupts whatever runs at that moment, a C extension's
-initialisation included (it crashed the process); the handlers here only take note. Start-up asks
+initialisation included (it crashed the process); the handlers here only take note. Ctrl-C
+(SIGINT) asks for the same stop as SIGTERM; a second one stops the process at once. Start-up asks
 `check()` between its stages (config, run lock, model and engine, before the first step). Once
 training runs, `Preemption` takes over: a SIGTERM, or STOP_FILE written by launch/pretrain.sh
 (which received one itself, at any moment of the launch: the file waits for the first step), asks for
@@ -14,6 +15,7 @@ saves before its allocation ends rather than being killed mid-step.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -36,11 +38,20 @@ class StoppedDuringStartUp(BaseException):  # noqa: N818 - a stop, not an error:
 
 def install() -> None:
     signal.signal(signal.SIGTERM, _take_note)
+    signal.signal(signal.SIGINT, _take_note)
 
 
 def _take_note(signum, frame) -> None:
     global _requested
+    if signum == signal.SIGINT and _requested:
+        at_once()
     _requested = True
+
+
+def at_once() -> None:
+    """A second Ctrl-C: stop now, without saving (what the first one asked for takes a step)."""
+    os.write(2, b"[train] stopped at once by a second Ctrl-C: what was trained since the last checkpoint is lost\n")
+    os._exit(130)
 
 
 def check() -> None:
@@ -67,18 +78,24 @@ class Preemption:
         the ranks started, and a STOP_FILE found now is a stop asked during the start-up: it stays,
         and the first step stops."""
         signal.signal(signal.SIGTERM, self._take_note)
+        signal.signal(signal.SIGINT, self._take_note)
         if self.rank == 0:
             (self.folder / PREEMPTED_FILE).unlink(missing_ok=True)
             if not os.environ.get(LAUNCHER_OWNS_STOP_FILE):
                 (self.folder / STOP_FILE).unlink(missing_ok=True)
 
     def _take_note(self, signum, frame) -> None:
+        if signum == signal.SIGINT and self.requested:
+            at_once()
         self.requested = True
+        self.reason = "SIGINT (Ctrl-C)" if signum == signal.SIGINT else "SIGTERM"
 
     def asked(self) -> bool:
-        """Whether this rank was asked to stop (rank 0 also reads STOP_FILE)."""
-        if self.rank == 0 and (self.folder / STOP_FILE).exists():
+        """Whether this rank was asked to stop (rank 0 also reads STOP_FILE, which names what asked)."""
+        if self.rank == 0 and not self.requested and (self.folder / STOP_FILE).exists():
             self.requested = True
+            with contextlib.suppress(OSError):
+                self.reason = (self.folder / STOP_FILE).read_text().strip() or self.reason
         if not self.requested and self.deadline is not None and time.monotonic() >= self.deadline:
             self.requested, self.reason = True, f"train.exit_after_minutes={self.minutes:g}"
         return self.requested

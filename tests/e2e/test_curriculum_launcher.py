@@ -4,14 +4,13 @@
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
 import time
 
 import pytest
-from support.processes import ROOT, child_env, faults, free_port
+from support.processes import ROOT, child_env, faults, free_port, signal_job
 
 CONFIG = "configs/tiny/mamba2-curriculum.yaml"
 
@@ -92,7 +91,7 @@ def test_a_stopped_phase_ends_the_curriculum_and_resumes_next_time(shakespeare_s
     while not (metrics.is_file() and metrics.read_text().count("\n") >= 2):
         assert proc.poll() is None and time.time() < deadline, proc.stdout.read()[-3000:]
         time.sleep(0.1)
-    os.killpg(proc.pid, signal.SIGTERM)
+    signal_job(proc.pid, signal.SIGTERM)
     out, _ = proc.communicate(timeout=180)
     assert proc.returncode == 0, out[-3000:]
     stopped = json.loads((tmp_path / "preempted.json").read_text())

@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
-from support.processes import ROOT, child_env, faults, free_port
+from support.processes import ROOT, child_env, faults, free_port, signal_job
 
 
 def pretrain(*args: str, nproc: int = 1, timeout: int = 300) -> subprocess.CompletedProcess:
@@ -81,7 +81,7 @@ def wait_for_steps(proc: subprocess.Popen, out: Path, steps: int = 2) -> None:
 
 
 @pytest.mark.distributed
-@pytest.mark.parametrize("whom", ["script", "group"])
+@pytest.mark.parametrize("whom", ["script", "job"])
 def test_sigterm_stops_with_a_checkpoint_and_exit_code_0(whom, shakespeare_shards, tmp_path):
     """A requeue script sees 0 whether only pretrain.sh (docker stop) or the whole job (SLURM) got SIGTERM."""
     proc = start(tmp_path, shakespeare_shards)
@@ -89,13 +89,60 @@ def test_sigterm_stops_with_a_checkpoint_and_exit_code_0(whom, shakespeare_shard
     if whom == "script":
         proc.send_signal(signal.SIGTERM)
     else:
-        os.killpg(proc.pid, signal.SIGTERM)
+        signal_job(proc.pid, signal.SIGTERM)
     out, _ = proc.communicate(timeout=180)
     assert proc.returncode == 0, out[-3000:]
     assert "stopped by SIGTERM after step" in out
     stopped = json.loads((tmp_path / "preempted.json").read_text())
     assert (tmp_path / "checkpoints" / "latest").read_text().strip() == stopped["checkpoint"]
     assert stopped["checkpoint"] == f"bounded-step{stopped['step']}" and stopped["step"] < 300
+
+
+@pytest.mark.distributed
+def test_ctrl_c_stops_with_a_checkpoint_and_a_second_one_at_once(shakespeare_shards, tmp_path):
+    """A terminal's Ctrl-C reaches the foreground process group, pretrain.sh's (its launcher runs in
+    a session of its own): the first finishes the step, saves and exits 0 in one line per process,
+    as SIGTERM does; the second kills the launch at once."""
+    import psutil
+
+    first = start(tmp_path / "once", shakespeare_shards)
+    wait_for_steps(first, tmp_path / "once")
+    os.killpg(first.pid, signal.SIGINT)
+    out, _ = first.communicate(timeout=180)
+    assert first.returncode == 0, out[-3000:]
+    assert "stopped by SIGINT (Ctrl-C) after step" in out and "pretrain.sh: Ctrl-C: the ranks finish their step" in out
+    assert "Traceback" not in out and "KeyboardInterrupt" not in out, out[-3000:]
+    stopped = json.loads((tmp_path / "once" / "preempted.json").read_text())
+    assert stopped["reason"] == "SIGINT (Ctrl-C)" and stopped["checkpoint"] == f"bounded-step{stopped['step']}"
+
+    twice = start(tmp_path / "twice", shakespeare_shards)
+    wait_for_steps(twice, tmp_path / "twice")
+    processes = psutil.Process(twice.pid).children(recursive=True)
+    os.killpg(twice.pid, signal.SIGINT)
+    time.sleep(0.2)
+    os.killpg(twice.pid, signal.SIGINT)
+    out, _ = twice.communicate(timeout=60)
+    assert twice.returncode == 130, out[-3000:]
+    assert "stopped at once by a second Ctrl-C" in out and "Traceback" not in out
+    assert not (tmp_path / "twice" / "preempted.json").exists()
+    gone, alive = psutil.wait_procs(processes, timeout=30)
+    assert not alive, [p.pid for p in alive]
+
+
+@pytest.mark.distributed
+def test_ctrl_c_to_a_rank_run_directly_stops_it_with_a_checkpoint(shakespeare_shards, tmp_path):
+    """`python -m implicit_megatron.train` in a terminal: the rank itself gets Ctrl-C."""
+    args = ["configs/tiny/mamba2-implicit.yaml", f"data.prefixes=[{shakespeare_shards}]", "data.source=null",
+            f"train.output_dir={tmp_path}", "train.steps=300", "train.log_interval=1", "checkpoint.interval=1000",
+            "train.eval_interval=1000", "tracking.enabled=false"]
+    proc = subprocess.Popen([sys.executable, "-m", "implicit_megatron.train", *args], cwd=ROOT, env=child_env(),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    wait_for_steps(proc, tmp_path)
+    os.killpg(proc.pid, signal.SIGINT)
+    out, _ = proc.communicate(timeout=180)
+    assert proc.returncode == 0, out[-3000:]
+    assert "stopped by SIGINT (Ctrl-C) after step" in out and "Traceback" not in out, out[-3000:]
+    assert json.loads((tmp_path / "preempted.json").read_text())["reason"] == "SIGINT (Ctrl-C)"
 
 
 @pytest.mark.distributed
@@ -114,7 +161,7 @@ def test_sigterm_during_start_up_ends_gracefully_and_releases_the_folder(shakesp
     while not (tmp_path / "run.lock").is_file():  # rank 0 took the folder: the start-up is under way
         assert proc.poll() is None and time.time() < deadline, proc.stdout.read()[-3000:]
         time.sleep(0.05)
-    os.killpg(proc.pid, signal.SIGTERM)
+    signal_job(proc.pid, signal.SIGTERM)
     out, _ = proc.communicate(timeout=120)
     assert proc.returncode == 0, out[-3000:]
     assert "stopped by SIGTERM during start-up, before the first step" in out

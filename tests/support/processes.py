@@ -34,6 +34,18 @@ def kill_tree(pid: int) -> None:
             proc.kill()
 
 
+def signal_job(pid: int, signum: int) -> None:
+    """Send `signum` to a process and every process below it, as SLURM signals every process of a job
+    step (launchers start their ranks, and launch/pretrain.sh its launcher, in sessions of their own,
+    which a process-group signal would not reach)."""
+    import psutil
+
+    parent = psutil.Process(pid)
+    for proc in [parent, *parent.children(recursive=True)]:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            proc.send_signal(signum)
+
+
 def torchrun_command(*args: str, nproc: int = 2) -> list[str]:
     """`args` is a script path or `-m module`, then its arguments."""
     return [sys.executable, "-m", "torch.distributed.run", "--nnodes=1", f"--nproc_per_node={nproc}",

@@ -1,0 +1,44 @@
+"""Shards on a read-only file system (shared cluster datasets, a `:ro` container mount) train: the
+packed-sample index cache goes to the user's cache, and the pre-launch check says so. The read-only
+mount is a bind mount in a user namespace of the test's own (where the kernel allows one)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from support.processes import ROOT, can_mount_tmpfs, child_env
+
+TINY = "configs/tiny/mamba2-implicit.yaml"
+
+
+@pytest.mark.distributed
+def test_shards_on_a_read_only_file_system_train(shakespeare_shards, tmp_path):
+    mounted = tmp_path / "ro"
+    mounted.mkdir()
+    if not can_mount_tmpfs(mounted):
+        pytest.skip("this kernel does not let an unprivileged user mount (no user namespaces)")
+    shards = Path(shakespeare_shards)
+    prefix = mounted / shards.name
+    args = [TINY, f"data.prefixes=[{prefix}]", "data.source=null", f"train.output_dir={tmp_path / 'run'}",
+            "train.steps=2", "schedule.warmup_steps=1", "curriculum.phases=[]", "train.eval_interval=2",
+            "train.eval_samples=4", "tracking.enabled=false"]
+    check = [sys.executable, "-m", "implicit_megatron.config", *args, "--get", "output_dir"]
+    train = [sys.executable, "-m", "implicit_megatron.train", *args]
+    script = (f"mount --bind {shards.parent} {mounted} && mount -o remount,bind,ro {mounted} && "
+              f"touch {mounted}/probe 2>/dev/null && echo WRITABLE; {' '.join(check)} && {' '.join(train)}")
+    result = subprocess_run(script, tmp_path / "cache")
+    assert "WRITABLE" not in result.stdout and result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    cache = tmp_path / "cache" / "implicit-megatron" / "index-cache"
+    note = f"their packed-sample index cache goes to {cache}/"
+    assert f"note: the shards of data.prefixes[0] are in a folder this user cannot write ({mounted})" in result.stderr
+    assert note in result.stderr
+    assert "done at step 2" in result.stdout
+    assert any(cache.rglob("*.npy")), list(cache.rglob("*"))  # megatron-core's indices, built here
+
+
+def subprocess_run(script: str, user_cache: Path) -> subprocess.CompletedProcess:
+    return subprocess.run(["unshare", "--user", "--map-root-user", "--mount", "bash", "-c", script], cwd=ROOT,
+                          env=child_env(XDG_CACHE_HOME=str(user_cache)), capture_output=True, text=True, timeout=300)
