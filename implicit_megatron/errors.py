@@ -7,4 +7,10 @@ class RunRefused(ValueError):
     message once, from rank 0, and every rank exits with status 2: no traceback."""
 
 
+class RunStopped(RuntimeError):
+    """A run that cannot go on, for a cause its message says in full (a save into a full disk,
+    non-finite losses in a row, a conversion that failed): the rank entry prints it once, from rank
+    0, without a traceback, and every rank exits with status 1."""
+
+
 REFUSED = 2  # the exit status of a refused launch (as of a config error before any process starts)

@@ -43,6 +43,8 @@ def check(cfg: Config, check_files: bool = True, check_data: bool = False) -> No
 
         if not torch.cuda.is_available():
             fail("distributed.backend", "nccl needs GPUs, and none is visible; use auto or gloo")
+    if check_files:
+        validate_output(cfg, fail)
     if check_files and cfg.task.kind == "language_model":
         validate_tokenizer(cfg, fail)
     if check_data and cfg.task.kind == "language_model":
@@ -62,6 +64,15 @@ def notes(cfg: Config) -> list[str]:
         return []
     return [f"the shards of data.prefixes[0] are in a folder this user cannot write ({os.path.dirname(beside)}): "
             f"their packed-sample index cache goes to {where} (data.index_cache names another place)"]
+
+
+def validate_output(cfg: Config, fail) -> None:
+    """The run folder can be made and written (not a file, not on a read-only file system)."""
+    from implicit_megatron.utils.output_paths import output_problem
+
+    problem = output_problem(cfg.output_dir, folder=True)
+    if problem:
+        fail("train.output_dir", f"the run folder {cfg.output_dir}: {problem}")
 
 
 def validate_word_problem(cfg: Config, fail) -> None:
@@ -100,19 +111,13 @@ def validate_tokenizer(cfg: Config, fail) -> None:
                                  f"{path} ({vocab} tokens)")
 
 
-def first_unwritable(folder: Path) -> Path | None:
-    """The folder, or its nearest existing parent (where it would be made), if this user cannot write it."""
-    while not folder.exists() and folder.parent != folder:
-        folder = folder.parent
-    return None if os.access(folder, os.W_OK | os.X_OK) else folder
-
-
 def validate_data(cfg: Config, fail) -> None:
     """Every prefix has whole shards (data_pipeline.shard_check) for training, and enough tokens for
     one sample; a missing prefix is an error unless data.source builds it."""
     from data_pipeline.build import builds_from_source
     from data_pipeline.indexed import find_shards
     from data_pipeline.shard_check import ShardError, check_shard
+    from implicit_megatron.utils.output_paths import first_unwritable
 
     for i, prefix in enumerate(cfg.data.prefixes):
         key = f"data.prefixes[{i}]"
@@ -147,34 +152,13 @@ def validate_data(cfg: Config, fail) -> None:
 
 def check_shard_tokenizer(cfg: Config, prefix: str, fail) -> None:
     """The shards' _stats.json names the tokenizer they were built with: the config's must be the
-    same file, or a file with the same vocabulary (e.g. its uncompressed copy)."""
-    import json
+    same (data_pipeline.shard_tokenizer)."""
+    from data_pipeline.shard_tokenizer import other_tokenizer
 
-    from data_pipeline.plan import file_sha256
-    from data_pipeline.tokenizer import load_tokenizer
-
-    stats_path = Path(f"{prefix}_stats.json")
-    if not stats_path.is_file():
-        return
-    try:
-        stats = json.loads(stats_path.read_text())
-        built_with, built_sha = stats["tokenizer"], stats["tokenizer_sha256"]
-    except (OSError, ValueError, KeyError, TypeError):
-        return  # an older or foreign stats file: nothing recorded to compare
-    ours = load_tokenizer(cfg.data.tokenizer)
-    ours_sha = file_sha256(ours.path)
-    if ours_sha == built_sha:
-        return
-    try:
-        same = load_tokenizer(built_with).vocabulary() == ours.vocabulary()
-    except (OSError, ValueError):
-        same = False  # the shards' tokenizer is not here to compare vocabularies with
-    if not same:
-        fail("data.tokenizer", f"{cfg.data.tokenizer} (sha256 {ours_sha[:12]}) is not the tokenizer the shards "
-                               f"{prefix}_* were built with: {stats_path} names {built_with} (sha256 "
-                               f"{built_sha[:12]}), whose token ids mean other tokens. Point data.tokenizer at that "
-                               "tokenizer, rebuild the shards with this one, or set "
-                               "data.allow_tokenizer_mismatch=true to train anyway")
+    problem = other_tokenizer(prefix, cfg.data.tokenizer)
+    if problem:
+        fail("data.tokenizer", f"{problem}. Point data.tokenizer at that tokenizer, rebuild the shards with this "
+                               "one, or set data.allow_tokenizer_mismatch=true to train anyway")
 
 
 def validate_catbabi(cfg: Config, fail, check_files: bool, check_data: bool) -> None:

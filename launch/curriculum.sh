@@ -14,6 +14,10 @@
 # running phase with a checkpoint and ends the curriculum with exit 0 without starting the next
 # phase; launch it again to resume that phase.
 set -euo pipefail
+if [ "${1:-}" = "-h" ] || [ "${1:-}" = "--help" ]; then  # the header above, without its comment marks
+  sed -n '2,/^set -euo pipefail/p' "$0" | sed -e '$d' -e 's/^# \{0,1\}//'
+  exit 0
+fi
 root="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$root"
 if [ $# -lt 1 ]; then

@@ -16,6 +16,10 @@
 #   step, save a checkpoint and stop; the script then exits 0, as after a finished run. A second
 #   Ctrl-C stops at once (exit 130). Anything else exits non-zero.
 set -euo pipefail
+if [ "${1:-}" = "-h" ] || [ "${1:-}" = "--help" ]; then  # the header above, without its comment marks
+  sed -n '2,/^set -euo pipefail/p' "$0" | sed -e '$d' -e 's/^# \{0,1\}//'
+  exit 0
+fi
 root="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$root"
 stop_asked=0

@@ -31,7 +31,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     commands = parser.add_subparsers(dest="command", required=True)
     exp = commands.add_parser("export", help="consolidated safetensors + config.json")
-    exp.add_argument("ckpt_dir")
+    exp.add_argument("ckpt_dir", help="a run folder, its checkpoints/ folder or one tag folder")
     exp.add_argument("out_dir")
     exp.add_argument("--tag", default=None, help="checkpoint tag (default: the one 'latest' names)")
     exp.add_argument("--dtype", choices=("fp32", "bf16", "fp64"), default=None,
@@ -44,13 +44,19 @@ def main(argv: list[str] | None = None) -> int:
     imp.add_argument("out_dir")
     imp.add_argument("--base-config", default=None, help="our config for everything but the model's shape")
     uni = commands.add_parser("universal", help="a DeepSpeed universal checkpoint of one tag")
-    uni.add_argument("ckpt_dir")
+    uni.add_argument("ckpt_dir", help="a run folder, its checkpoints/ folder or one tag folder")
     uni.add_argument("--tag", default=None, help="checkpoint tag (default: the one 'latest' names)")
     uni.add_argument("--workers", type=int, default=4, help="processes that extract the ZeRO shards")
     for sub in (exp, imp, uni):
         sub.add_argument("--trust-checkpoint", action="store_true",
                          help="load checkpoint files whose pickles need more than tensors (their code runs)")
     args = parser.parse_args(argv)
+    from implicit_megatron.utils.output_paths import output_problem
+
+    problem = output_problem(args.out_dir, folder=True) if hasattr(args, "out_dir") else None
+    if problem:
+        print(f"convert_checkpoint: {args.out_dir}: {problem}", file=sys.stderr)
+        return 2
     import torch
 
     from implicit_megatron.checkpoints import safe_load

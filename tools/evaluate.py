@@ -61,7 +61,9 @@ def parse(argv: list[str] | None):
     p.add_argument("--tol", type=float, default=None, help="stopping tolerance of the relative residual")
     p.add_argument("--fixed-depth", action="store_true",
                    help="a bounded phase at exactly its max_iter passes instead of stopping at implicit.eval_tol")
-    p.add_argument("--output", default=None)
+    p.add_argument("--output", default=None, help="results folder (default: the run's or export's evaluation/)")
+    p.add_argument("--allow-tokenizer-mismatch", action="store_true",
+                   help="evaluate --data built with another tokenizer than the model's")
     p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
     p.add_argument("--dtype", default="fp32", choices=("fp32", "bf16", "fp64"))
     p.add_argument("--run", dest="run_dir", default=None, help="a run folder: log to its MLflow store")
@@ -106,7 +108,8 @@ def main(argv: list[str] | None = None) -> int:
     options = EvalOptions(model=args.model, data=args.data, tasks=args.tasks, seq_lens=args.seq_lens,
                           batch_size=args.batch_size, max_windows=args.max_windows,
                           sequential_windows=args.sequential_windows, position_buckets=args.position_buckets,
-                          split=args.split, seed=args.seed, output=args.output, device=args.device,
+                          split=args.split, seed=args.seed, output=args.output,
+                          allow_tokenizer_mismatch=args.allow_tokenizer_mismatch, device=args.device,
                           dtype=args.dtype, solver=SolverChoice(args.phase, args.max_iter, args.tol, args.fixed_depth),
                           lm_eval=lm_eval, run_dir=args.run_dir)
     try:

@@ -150,6 +150,11 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if Path(args.output).suffix.lower() != ".png":
         p.error(f"--output {args.output}: give a .png file")
+    from implicit_megatron.utils.output_paths import output_problem
+
+    problem = output_problem(args.output, folder=False)
+    if problem:
+        p.error(f"--output {args.output}: {problem}")
     return args
 
 

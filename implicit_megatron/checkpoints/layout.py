@@ -74,6 +74,24 @@ def read_latest(folder: Path) -> str | None:
     return tag
 
 
+def find_checkpoint(path: str | Path, tag: str | None = None) -> tuple[Path, str]:
+    """(checkpoints folder, tag) of what a user names: a checkpoints/ folder (its `latest`, or `tag`),
+    the run folder that holds one, or one tag folder; FileNotFoundError naming what is missing."""
+    folder = Path(path)
+    if not (folder / LATEST).is_file() and (folder / "checkpoints").is_dir():
+        folder = folder / "checkpoints"  # a run folder
+    if tag is None and not (folder / LATEST).is_file() and \
+            any((folder / name).is_file() for name in (MODEL_STATES, ZERO3_MODEL_STATES)):
+        return folder.parent, folder.name  # one tag folder
+    tag = tag or read_latest(folder)
+    if tag is None:
+        raise FileNotFoundError(f"{path}: not a checkpoint folder (no '{LATEST}' file in it or in its checkpoints/); "
+                                "name a run folder, its checkpoints/ folder or a tag folder, or a tag with --tag")
+    if not (folder / tag).is_dir():
+        raise FileNotFoundError(f"{folder}: no checkpoint with tag {tag!r}")
+    return folder, tag
+
+
 def write_latest(folder: Path, tag: str) -> None:
     """Point `latest` at `tag` atomically (write, fsync, rename)."""
     tmp = folder / f".{LATEST}.tmp"

@@ -27,11 +27,10 @@ from implicit_megatron.checkpoints.integrity import (
     unvouched_universal,
 )
 from implicit_megatron.checkpoints.layout import (
-    LATEST,
     MODEL_STATES,
     UNIVERSAL,
     ZERO3_MODEL_STATES,
-    read_latest,
+    find_checkpoint,
     saved_layout,
 )
 from implicit_megatron.errors import RunRefused
@@ -106,11 +105,9 @@ def _stage_own_files(path: Path, staged: Path) -> None:
 
 
 def universal_of(ckpt_dir: str | Path, tag: str | None = None, workers: int = 4) -> Path:
-    """`to_universal` for a checkpoints/ folder and a tag (default: latest), with clear errors."""
-    folder = Path(ckpt_dir)
-    tag = tag or read_latest(folder)
-    if tag is None:
-        raise FileNotFoundError(f"{folder}: not a checkpoint folder (no '{LATEST}' file); name a tag with --tag")
+    """`to_universal` for a run folder, a checkpoints/ folder or a tag folder (default: latest), with
+    clear errors."""
+    folder, tag = find_checkpoint(ckpt_dir, tag)
     require_complete(folder, tag)  # every file reads back, nothing in it would run code or is not its own
     layout = saved_layout(folder / tag)
     if layout.plain_optimizer:

@@ -30,6 +30,7 @@ from implicit_megatron.evaluation.perplexity import NLLResult, position_buckets,
 from implicit_megatron.evaluation.phases import SolverChoice
 from implicit_megatron.evaluation.sequential import SequentialResult, run_sequential
 from implicit_megatron.evaluation.windows import check_prefix, load_windows
+from implicit_megatron.utils.output_paths import output_problem
 
 TASKS = ("ppl", "extrapolation", "dynamics", "duality", "lm_eval")
 DATA_TASKS = ("ppl", "extrapolation", "dynamics", "duality")
@@ -49,6 +50,7 @@ class EvalOptions:
     split: str = "test"
     seed: int | None = None  # packing seed (None: the run's data.seed)
     output: str | None = None  # None: <run>/evaluation, or <export>/evaluation
+    allow_tokenizer_mismatch: bool = False  # evaluate data built with another tokenizer than the model's
     device: str = "cpu"
     dtype: str = "fp32"
     solver: SolverChoice = field(default_factory=SolverChoice)
@@ -67,14 +69,19 @@ def check_options(options: EvalOptions) -> None:
         check_prefix(options.data, options.split)
     if options.dtype not in DTYPES:
         raise ValueError(f"unknown dtype {options.dtype!r}; choose from {', '.join(DTYPES)}")
-    classify(options.model)
+    problem = output_problem(output_folder(options), folder=True)
+    if problem:
+        raise ValueError(f"{'--output ' if options.output else 'the results folder '}{output_folder(options)}: "
+                         f"{problem}")
     if "lm_eval" in options.tasks:  # unknown tasks, or data that cannot be had offline, in one line
         check_tasks(options.lm_eval)
 
 
-def default_output(loaded: LoadedModel) -> Path:
-    """<export>/evaluation, or <run>/evaluation beside the run's checkpoints/ folder."""
-    kind, folder, _ = classify(loaded.source)
+def output_folder(options: EvalOptions) -> Path:
+    """--output, or <export>/evaluation, or <run>/evaluation beside the run's checkpoints/ folder."""
+    if options.output:
+        return Path(options.output)
+    kind, folder, _ = classify(options.model)
     return folder / "evaluation" if kind == "export" else folder.parent / "evaluation"
 
 
@@ -97,6 +104,14 @@ class Evaluation:
     def __init__(self, options: EvalOptions, log: Callable[[str], None], bars: Callable | None = None):
         self.options, self.log, self.bars = options, log, bars
         self.loaded = load_model(options.model, options.device, DTYPES[options.dtype], options.solver)
+        if options.data and not options.allow_tokenizer_mismatch:
+            from data_pipeline.shard_tokenizer import other_tokenizer
+
+            problem = other_tokenizer(options.data, self.loaded.tokenizer.path)
+            if problem:
+                raise ValueError(f"--data {options.data}: {problem}: the perplexity would be of other tokens. "
+                                 "Evaluate on shards built with the model's tokenizer, or pass "
+                                 "--allow-tokenizer-mismatch")
         cfg = self.loaded.cfg
         self.train_len = cfg.data.seq_len
         self.lengths = options.seq_lens or [self.train_len * f for f in (1, 2, 4, 8)]
@@ -195,7 +210,7 @@ def run_evaluation(options: EvalOptions, log: Callable[[str], None] | None = Non
             start = time.time()
             results[task] = getattr(evaluation, task)()
             results["seconds"][task] = round(time.time() - start, 2)
-    out = Path(options.output) if options.output else default_output(evaluation.loaded)
+    out = output_folder(options)
     results = merge_into(out, results, log)
     remove_stale_plots(out, results, log)
     files = write_outputs(results, out)

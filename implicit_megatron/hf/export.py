@@ -21,7 +21,7 @@ import torch
 
 from implicit_megatron.builder import build_model, remove_weight_norm
 from implicit_megatron.checkpoints.integrity import require_complete
-from implicit_megatron.checkpoints.layout import model_states_file, read_client_state, read_latest, saved_layout
+from implicit_megatron.checkpoints.layout import find_checkpoint, model_states_file, read_client_state, saved_layout
 from implicit_megatron.checkpoints.weights import consolidated_weights
 from implicit_megatron.config import Config
 from implicit_megatron.models.lm import LanguageModel
@@ -129,12 +129,7 @@ def read_checkpoint(ckpt_dir: str | Path, tag: str | None = None) -> tuple[dict[
     curriculum phase the checkpoint was saved in, so that a model built from it iterates as it
     was trained (e.g. (24+4) with tolerance 0.05 after the free phase, not the config's defaults).
     """
-    folder = Path(ckpt_dir)
-    tag = tag or read_latest(folder)
-    if tag is None:
-        raise FileNotFoundError(f"{folder}: not a checkpoint folder (no 'latest' file); name a tag with --tag")
-    if not (folder / tag).is_dir():
-        raise FileNotFoundError(f"{folder}: no checkpoint with tag {tag!r}")
+    folder, tag = find_checkpoint(ckpt_dir, tag)
     require_complete(folder, tag)
     saved = read_client_state(folder / tag)
     cfg = config_from_dict(saved["config"], str(model_states_file(folder / tag)))

@@ -83,7 +83,7 @@ def _run(args, seen_output) -> int:
         if lock is not None:
             lock.release()
         raise
-    from implicit_megatron.errors import REFUSED, RunRefused
+    from implicit_megatron.errors import REFUSED, RunRefused, RunStopped
     from implicit_megatron.train.loop import Trainer
 
     try:
@@ -93,6 +93,10 @@ def _run(args, seen_output) -> int:
         if rank == 0:
             print(f"error: {err}", file=sys.stderr, flush=True)
         return REFUSED
+    except RunStopped as err:  # its message says everything: no traceback
+        if rank == 0:
+            print(f"error on rank {rank}: {type(err).__name__}: {err}", file=sys.stderr, flush=True)
+        return 1
     except Exception as err:  # one clear line before the traceback that follows
         print(f"error on rank {rank}: {type(err).__name__}: {err}", file=sys.stderr, flush=True)
         raise

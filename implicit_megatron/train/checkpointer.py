@@ -39,7 +39,7 @@ from implicit_megatron.checkpoints.safe_load import UnsafeCheckpoint
 from implicit_megatron.checkpoints.universal import to_universal
 from implicit_megatron.checkpoints.weights import model_settings_changed
 from implicit_megatron.config import Config
-from implicit_megatron.errors import RunRefused
+from implicit_megatron.errors import RunRefused, RunStopped
 from implicit_megatron.tracking.metrics_file import drop_metrics_after
 from implicit_megatron.train.handoff import (
     Source,
@@ -51,7 +51,7 @@ from implicit_megatron.train.handoff import (
 )
 
 
-class CheckpointSaveError(RuntimeError):
+class CheckpointSaveError(RunStopped):
     """A save that failed (full disk, permissions): the run stops, `latest` is untouched."""
 
 
@@ -269,7 +269,7 @@ class Checkpointer:
         shared = [error]
         dist.broadcast_object_list(shared, src=0)  # every rank fails together instead of hanging
         if shared[0]:
-            raise RuntimeError(shared[0])
+            raise RunStopped(shared[0])
         if source.how in ("weights", "pretrained"):
             fresh = load_source_weights(model, source, self.cfg)
             if fresh:

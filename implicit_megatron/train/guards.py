@@ -12,6 +12,7 @@ import torch
 import torch.distributed as dist
 
 from implicit_megatron.checkpoints.layout import hold, read_latest, release, step_of, tags_by_step
+from implicit_megatron.errors import RunStopped
 from implicit_megatron.train.step_metrics import read_on_host, reduce_over_ranks
 
 RISE_FACTOR = 1.1  # a loss this many times its running minimum has clearly risen
@@ -80,7 +81,7 @@ def nonfinite_stop(nonfinite_in_row: int, limit: int, checkpoints: Path) -> None
     tag = read_latest(checkpoints)
     last = (f"the last checkpoint before them, {checkpoints / tag}, is intact" if tag
             else "there is no checkpoint of this run yet")
-    raise RuntimeError(f"{nonfinite_in_row} non-finite losses in a row (train.max_nonfinite_in_row); {last}")
+    raise RunStopped(f"{nonfinite_in_row} non-finite losses in a row (train.max_nonfinite_in_row); {last}")
 
 
 class DivergenceWatch:

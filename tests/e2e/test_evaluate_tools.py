@@ -119,3 +119,48 @@ def test_lm_eval_without_its_data_offline_names_what_is_missing_in_one_line(impo
     assert f"downloads are off (HF_DATASETS_OFFLINE=1), and the data set cache HF_DATASETS_CACHE={empty / 'datasets'}" \
         " does not hold them" in line and "--lm-eval-include" in line
     assert not (tmp_path / "eval").exists()
+
+
+def test_an_output_that_cannot_be_written_is_refused_before_the_work(tiny_run, shakespeare_shards, tmp_path):
+    """A file where a folder is asked for, or a folder where a file is: one line, before anything is
+    evaluated, drawn or converted."""
+    a_file = tmp_path / "a-file"
+    a_file.write_text("x")
+    evaluated = tool("evaluate", tiny_run.checkpoints, "--data", shakespeare_shards, "--tasks", "ppl",
+                     "--output", a_file)
+    assert evaluated.returncode == 2 and evaluated.stderr.strip().splitlines() == [
+        f"evaluate: --output {a_file}: exists and is not a folder"]
+    converted = tool("convert_checkpoint", "export", tiny_run.run_dir, a_file)
+    assert converted.returncode == 2 and converted.stderr.strip().splitlines() == [
+        f"convert_checkpoint: {a_file}: exists and is not a folder"]
+    drawn = tool("plot_run", tiny_run.run_dir, "--output", a_file / "curves.png")
+    assert drawn.returncode == 2 and f"--output {a_file / 'curves.png'}: {a_file} is a file, not a folder" in \
+        drawn.stderr and "Traceback" not in drawn.stderr
+
+
+def test_export_takes_the_run_folder_as_evaluate_does(tiny_run, tmp_path):
+    result = tool("convert_checkpoint", "export", tiny_run.run_dir, tmp_path / "export")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert (tmp_path / "export" / "model.safetensors").is_file()
+
+
+def test_shards_of_another_tokenizer_are_refused_naming_both(tiny_run, tmp_path):
+    """Training refuses shards built with another tokenizer than the run's; evaluation does too."""
+    from data_pipeline.train_tokenizer import iter_texts, train_byte_bpe
+
+    other = train_byte_bpe(iter_texts(["data/corpus/shakespeare.jsonl.zst"], limit_docs=20), 400,
+                           str(tmp_path / "other.json"))
+    prefix = tmp_path / "other" / "bpe"
+    made = subprocess.run([sys.executable, "-m", "data_pipeline.preprocess", "--input",
+                           "data/corpus/shakespeare.jsonl.zst", "--tokenizer", other, "--output-prefix", str(prefix),
+                           "--workers", "0", "--quiet", "--append-eod", "--test-fraction", "0.2", "--limit-docs", "40"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=240, env=child_env())
+    assert made.returncode == 0, made.stderr[-3000:]
+    refused = tool("evaluate", tiny_run.export, "--data", prefix, "--tasks", "ppl", "--seq-lens", "32",
+                   "--max-windows", "2")
+    assert refused.returncode == 2 and "Traceback" not in refused.stderr, refused.stderr[-3000:]
+    assert f"--data {prefix}: " in refused.stderr and f"{prefix}_stats.json names {other}" in refused.stderr
+    assert "--allow-tokenizer-mismatch" in refused.stderr
+    allowed = tool("evaluate", tiny_run.export, "--data", prefix, "--tasks", "ppl", "--seq-lens", "32",
+                   "--max-windows", "2", "--allow-tokenizer-mismatch", "--output", tmp_path / "eval")
+    assert allowed.returncode == 0, allowed.stderr[-3000:]

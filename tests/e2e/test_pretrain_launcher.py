@@ -20,6 +20,14 @@ def pretrain(*args: str, nproc: int = 1, timeout: int = 300) -> subprocess.Compl
                           timeout=timeout)
 
 
+@pytest.mark.parametrize("script", ["pretrain", "curriculum"])
+def test_help_is_the_scripts_usage(script):
+    shown = subprocess.run(["bash", f"launch/{script}.sh", "--help"], cwd=ROOT, capture_output=True, text=True)
+    assert shown.returncode == 0 and not shown.stderr
+    assert shown.stdout.startswith(("Launch pretraining:", "Run a curriculum")) and "Preemption:" in shown.stdout
+    assert not (ROOT / "runs" / "--help").exists()
+
+
 def test_bad_config_key_is_refused_before_launch(tmp_path):
     result = pretrain("configs/tiny/mamba2-implicit.yaml", "train.stepz=3", f"train.output_dir={tmp_path}")
     assert result.returncode == 2

@@ -290,3 +290,15 @@ def test_a_tokenizer_that_is_not_the_shards_one_is_refused_by_name(shakespeare_s
     assert str(changed) in error.message and "data/tokenizers/gpt-neox-20b.json.xz" in error.message
     assert f"{shakespeare_shards}_stats.json" in error.message and "allow_tokenizer_mismatch" in error.message
     load_config(tiny, [*data, f"data.tokenizer={changed}", "data.allow_tokenizer_mismatch=true"], check_data=True)
+
+
+def test_a_run_folder_that_cannot_be_made_is_refused_naming_the_key(tmp_path):
+    """A file where the run folder should be: one line naming the key, before any process starts
+    (a read-only file system gives the same line with its cause; tests/e2e/test_read_only_data.py)."""
+    (tmp_path / "a-file").write_text("x")
+    with pytest.raises(ConfigError, match=rf"command line: train.output_dir: the run folder {tmp_path / 'a-file'}: "
+                                          "exists and is not a folder"):
+        load_config(ROOT / "configs/tiny/mamba2-implicit.yaml", [f"train.output_dir={tmp_path / 'a-file'}"])
+    with pytest.raises(ConfigError, match=rf"the run folder {tmp_path / 'a-file' / 'run'}: {tmp_path / 'a-file'} is a "
+                                          "file, not a folder"):
+        load_config(ROOT / "configs/tiny/mamba2-implicit.yaml", [f"train.output_dir={tmp_path / 'a-file' / 'run'}"])

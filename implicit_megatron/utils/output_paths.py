@@ -1,0 +1,36 @@
+"""Whether an output can be written where it is asked for, found before the work that makes it.
+
+A tool that evaluates for an hour and then cannot write its results, or a launch that starts its
+ranks and then cannot make its run folder, wastes the run; these checks say in one line, before
+anything starts, what stands in the way: a file where a folder is asked for (or the reverse), a file
+among its parents, or a folder this user cannot write (a read-only file system included).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+
+def first_unwritable(folder: Path) -> Path | None:
+    """The folder, or its nearest existing parent (where it would be made), if this user cannot write it."""
+    folder = Path(folder)
+    while not folder.exists() and folder.parent != folder:
+        folder = folder.parent
+    return None if os.access(folder, os.W_OK | os.X_OK) else folder
+
+
+def output_problem(path: str | Path, folder: bool) -> str | None:
+    """Why `path` cannot be written as a folder (`folder`) or as a file; None when it can."""
+    path = Path(path)
+    if path.exists() and folder and not path.is_dir():
+        return "exists and is not a folder"
+    if path.exists() and not folder and path.is_dir():
+        return "is a folder, not a file"
+    existing = next((p for p in path.parents if p.exists()), None)
+    if existing is not None and not existing.is_dir():
+        return f"{existing} is a file, not a folder"
+    blocked = first_unwritable(path if folder else path.parent)
+    if blocked is not None:
+        return f"{blocked} cannot be written by this user (permissions, or a read-only file system)"
+    return None
