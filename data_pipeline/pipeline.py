@@ -26,6 +26,7 @@ from data_pipeline.merge import merge_split
 from data_pipeline.parts import reuse_finished, write_json_atomic, write_parts
 from data_pipeline.plan import Plan, PreprocessConfig, PreprocessError, plan_run
 from data_pipeline.progress import Progress
+from data_pipeline.sources import first_record_fields
 from data_pipeline.splits import SPLITS
 from data_pipeline.stats import Counts, throughput
 from data_pipeline.workers import EncoderPool
@@ -69,6 +70,9 @@ def _run_locked(plan: Plan) -> dict:
     finally:
         encoders.close()
         progress.close()
+    if not total.documents and not total.skipped.get("unreadable_file"):
+        shutil.rmtree(plan.work_dir)
+        raise PreprocessError(_no_documents(plan, total))
     shards = {split: merge_split([str(p / split) for p in parts], plan.prefix, split, plan.dtype,
                                  plan.config.max_shard_tokens) for split in SPLITS}
     stats = _stats(plan, total, total.minus(before), shards, len(parts), reused, time.monotonic() - started)
@@ -80,6 +84,21 @@ def _run_locked(plan: Plan) -> dict:
         shutil.rmtree(plan.work_dir)
     _say(_summary(stats))
     return stats
+
+
+def _no_documents(plan: Plan, total: Counts) -> str:
+    """Why no document came out of the inputs, with the likeliest cause."""
+    key = plan.config.text_key
+    missing = total.skipped.get("missing_text", 0)
+    if missing and missing == sum(total.skipped.values()):
+        fields = first_record_fields(plan.specs[0])
+        seen = f"; the first record of {plan.specs[0].location} has {', '.join(map(repr, fields))}" if fields else ""
+        return (f"--text-key: none of the {missing} records has a {key!r} field{seen}: name the text field with "
+                "--text-key")
+    if total.skipped:
+        reasons = ", ".join(f"{reason}: {count}" for reason, count in sorted(total.skipped.items()))
+        return f"--input: every record was skipped ({reasons}); no shard was written"
+    return f"--input: no record in {', '.join(s.location for s in plan.specs)} (empty?); no shard was written"
 
 
 def _finished_stats(plan: Plan) -> dict | None:

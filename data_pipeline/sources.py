@@ -117,6 +117,32 @@ def resolve_inputs(patterns: list[str]) -> list[InputSpec]:
     return specs
 
 
+def first_record_fields(spec: InputSpec) -> list[str] | None:
+    """The fields of an input's first record (its columns, for columnar inputs), to say which text
+    key a corpus has when --text-key found none; None where that cannot be read."""
+    import json
+
+    try:
+        if spec.kind == "jsonl":
+            for batch in _jsonl_batches(spec.location, 1 << 16, [0]):
+                for line in batch.records():
+                    if line.strip():
+                        record = json.loads(line)
+                        return sorted(record) if isinstance(record, dict) else None
+            return None
+        if spec.kind == "parquet":
+            import pyarrow.parquet as pq
+
+            return list(pq.ParquetFile(spec.location).schema_arrow.names)
+        if spec.kind == "disk":
+            import datasets
+
+            return list(datasets.load_from_disk(spec.location).column_names)
+    except Exception:  # noqa: BLE001 - only for a message: an input that cannot be read says so elsewhere
+        return None
+    return None
+
+
 def read_batches(spec: InputSpec, text_key: str, batch_docs: int = 512,
                  batch_bytes: int = 1 << 20) -> Iterator[RawBatch | Unreadable]:
     """Raw batches of one input, in order; an `Unreadable` marker ends a failing input.

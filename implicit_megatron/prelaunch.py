@@ -158,7 +158,7 @@ def check_shard_tokenizer(cfg: Config, prefix: str, fail) -> None:
     problem = other_tokenizer(prefix, cfg.data.tokenizer)
     if problem:
         fail("data.tokenizer", f"{problem}. Point data.tokenizer at that tokenizer, rebuild the shards with this "
-                               "one, or set data.allow_tokenizer_mismatch=true to train anyway")
+                               "one, or set data.allow_tokenizer_mismatch=true to train anyway", "data.prefixes")
 
 
 def validate_catbabi(cfg: Config, fail, check_files: bool, check_data: bool) -> None:

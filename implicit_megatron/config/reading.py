@@ -35,15 +35,23 @@ def read_config(path: str | os.PathLike, overrides: list[str] | tuple[str, ...] 
 
 
 def blame(cfg: Config):
-    """`fail(key, message, *also)`: raise a ConfigError naming the file (or the command line) that set
-    `key`; a check over several keys (`also`) blames the command line when it set one of them."""
+    """`fail(key, message, *also)`: raise a ConfigError naming `key` and the file that set it. A check
+    over several keys (`also`), or over a key whose parts were set apiece (`curriculum.phases`, whose
+    `[0].fraction` an override set), blames the command line when it set one of them: the override
+    is what to change."""
 
     def fail(key: str, message: str, *also: str) -> None:
-        where = [source_of(cfg.sources, k) for k in (key, *also)]
-        source = COMMAND_LINE if COMMAND_LINE in where else where[0]
-        raise ConfigError(source or cfg.source or "defaults", key, message)
+        if any(_set_on_command_line(cfg.sources, k) for k in (key, *also)):
+            raise ConfigError(COMMAND_LINE, key, message)
+        raise ConfigError(source_of(cfg.sources, key) or cfg.source or "defaults", key, message)
 
     return fail
+
+
+def _set_on_command_line(sources: dict[str, str], key: str) -> bool:
+    """Whether the command line set `key`, or anything within it."""
+    return source_of(sources, key) == COMMAND_LINE or any(
+        source == COMMAND_LINE for name, source in sources.items() if name.startswith((f"{key}.", f"{key}[")))
 
 
 def _apply_run_phase(cfg: Config, sources: dict[str, str]) -> None:

@@ -59,7 +59,7 @@ def validate_curriculum(cfg: Config, fail, sources: dict[str, str] | None = None
     for i, (phase, start, end) in enumerate(phase_bounds(cfg) if phases else []):
         if end <= start:
             fail(f"curriculum.phases[{i}].fraction", f"phase {phase.name!r} gets no step of train.steps "
-                                                     f"{cfg.train.steps}")
+                                                     f"{cfg.train.steps}", "train.steps")
     if cfg.curriculum.run_phase is not None and cfg.curriculum.run_phase not in names:
         fail("curriculum.run_phase", f"no phase named {cfg.curriculum.run_phase!r}; phases: {names}")
 

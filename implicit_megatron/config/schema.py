@@ -284,8 +284,9 @@ class Config:
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
-    source: str = field(default="", repr=False, compare=False)  # the file it was loaded from
-    sources: dict = field(default_factory=dict, repr=False, compare=False)  # which file set each key
+    # where the config came from: set when it is read, never a key of a file or of the command line
+    source: str = field(default="", init=False, repr=False, compare=False)  # the file it was loaded from
+    sources: dict = field(default_factory=dict, init=False, repr=False, compare=False)  # which file set each key
 
     @property
     def output_dir(self) -> str:

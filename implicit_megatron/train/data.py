@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from data_pipeline.packed import DistributedBatchIterator, build_packed_dataset
 from implicit_megatron.config import Config
+from implicit_megatron.errors import RunRefused
 
 QUICKSTART_SPLIT = 0.05  # valid and test fractions when a small bundled corpus is tokenized on first use
 
@@ -16,7 +17,12 @@ def prepare_shards(cfg: Config) -> None:
     if cfg.data.source is None or not cfg.data.prefixes or not builds_from_source(cfg.data.prefixes[0]):
         return
 
-    ensure_shards(cfg.data.source, cfg.data.prefixes[0], cfg.data.tokenizer, QUICKSTART_SPLIT, QUICKSTART_SPLIT)
+    from data_pipeline.plan import PreprocessError
+
+    try:
+        ensure_shards(cfg.data.source, cfg.data.prefixes[0], cfg.data.tokenizer, QUICKSTART_SPLIT, QUICKSTART_SPLIT)
+    except PreprocessError as err:  # an empty source, say
+        raise RunRefused(f"data.source {cfg.data.source}: {err}") from None
 
 
 def train_batches(cfg: Config, dp_rank: int, dp_size: int, grad_accum: int) -> DistributedBatchIterator:

@@ -267,7 +267,32 @@ def test_missing_required_key_and_impossible_values():
                           ("train.eval_samples=-1", "train.eval_samples")):
         assert error_of(CONFIGS / "tiny/mamba2-implicit.yaml", [override]).key == key, override
     short = error_of(CONFIGS / "tiny/mamba2-implicit.yaml", ["train.steps=2", "schedule.warmup_steps=1"])
-    assert short.key == "curriculum.phases[1].fraction" and "gets no step" in short.message
+    assert (short.source, short.key) == ("command line", "curriculum.phases[1].fraction")  # train.steps did it
+    assert "phase 'free' gets no step of train.steps 2" in short.message
+
+
+def test_an_error_an_override_causes_names_the_command_line(shakespeare_shards, tmp_path):
+    """A check over a key set in the YAML fails because of an override: the override is named, not the
+    file, and the keys an unknown key's message lists are only those a config may set."""
+    tiny = CONFIGS / "tiny/mamba2-implicit.yaml"
+    fractions = error_of(tiny, ["curriculum.phases.bounded.fraction=0.9"])
+    assert (fractions.source, fractions.key) == ("command line", "curriculum.phases")
+    assert "fractions must add up to 1, got 1.1" in fractions.message
+    unknown = error_of(tiny, ["source=elsewhere.yaml"])
+    assert unknown.key == "source" and "unknown key" in unknown.message
+    assert "sources" not in unknown.message and unknown.message.endswith("checkpoint, tracking, train")
+
+    from data_pipeline.train_tokenizer import iter_texts, train_byte_bpe
+
+    other = train_byte_bpe(iter_texts([str(ROOT / "data/corpus/shakespeare.jsonl.zst")], limit_docs=20), 400,
+                           str(tmp_path / "other.json"))
+    prefix = tmp_path / "other" / "bpe"
+    subprocess.run([sys.executable, "-m", "data_pipeline.preprocess", "--input", "data/corpus/shakespeare.jsonl.zst",
+                    "--tokenizer", other, "--output-prefix", str(prefix), "--workers", "0", "--quiet",
+                    "--append-eod", "--limit-docs", "40"], cwd=ROOT, check=True, capture_output=True)
+    mixed = error_of(tiny, [f"data.prefixes=[{shakespeare_shards},{prefix}]", "data.source=null"], check_data=True)
+    assert (mixed.source, mixed.key) == ("command line", "data.tokenizer")  # the prefix set there did it
+    assert f"is not the tokenizer the shards {prefix}_* were built with" in mixed.message
 
 
 def test_a_tokenizer_that_is_not_the_shards_one_is_refused_by_name(shakespeare_shards, tmp_path):

@@ -149,3 +149,21 @@ def test_a_cut_compressed_input_exits_1_and_a_rerun_after_repair_equals_a_clean_
     assert "neox_train.bin" in shards and not (tmp_path / "out" / "neox.work").exists()
     for name in shards:
         assert (tmp_path / "out" / name).read_bytes() == (tmp_path / "clean" / name).read_bytes(), name
+
+
+def test_no_document_is_an_error_naming_the_likely_cause(tmp_path, run_cli, neox_path, write_jsonl):
+    """A wrong --text-key or an empty corpus used to print `0 documents` and exit 0 without shards."""
+    wrong = write_jsonl(tmp_path / "wrong.jsonl", [{"content": "to be", "id": 1}, {"content": "or not", "id": 2}])
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    for source, expected in [(wrong, f"preprocess: error: --text-key: none of the 2 records has a 'text' field; the "
+                                     f"first record of {wrong} has 'content', 'id': name the text field with "
+                                     "--text-key"),
+                             (empty, f"preprocess: error: --input: no record in {empty} (empty?); no shard was "
+                                     "written")]:
+        out = tmp_path / source.stem
+        result = run_cli("data_pipeline.preprocess", "--input", str(source), "--tokenizer", neox_path,
+                         "--output-prefix", str(out / "neox"), "--workers", "0", "--quiet")
+        assert result.returncode == 2, result.stderr
+        assert result.stderr.strip().splitlines() == [expected]
+        assert not [p.name for p in out.iterdir() if not p.name.endswith(".lock")]  # no shard, no .work
