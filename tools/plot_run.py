@@ -21,7 +21,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-PHASE_COLOURS = ["tab:blue", "tab:orange", "tab:green", "tab:purple", "tab:brown", "tab:olive"]
+# phases are shaded in hues no run line takes (runs are drawn in matplotlib's C0, C1, ...: tab:blue, tab:orange, ...)
+PHASE_COLOURS = ["khaki", "lightsteelblue", "thistle", "darkseagreen", "lightsalmon", "lightgray"]
 # title, y label, [(metric key, validation?)], log scale
 PANELS = [
     ("Loss", "loss", [("train/loss", False), ("val/loss", True)], False),
@@ -74,7 +75,7 @@ def shade_phases(ax, runs, colours) -> None:
             key = (span.name, span.label, span.start_tokens, span.end_tokens)
             if key not in seen:
                 seen.add(key)
-                ax.axvspan(span.start_tokens, span.end_tokens, color=colours[(span.name, span.label)], alpha=0.08,
+                ax.axvspan(span.start_tokens, span.end_tokens, color=colours[(span.name, span.label)], alpha=0.35,
                            zorder=0, linewidth=0)
             if span.first_step > 0:
                 ax.axvline(span.start_tokens, color=f"C{index}", linestyle=":", linewidth=0.8, zorder=1)
@@ -115,7 +116,7 @@ def legend(fig, runs, names, colours) -> None:
     handles = [Line2D([], [], color=f"C{i}", linewidth=2, label=name) for i, name in enumerate(names)]
     handles += [Line2D([], [], color="0.3", linewidth=1.2, label="training"),
                 Line2D([], [], color="0.3", label="validation", **VALIDATION_STYLE)]
-    handles += [Patch(color=colour, alpha=0.25, label=f"phase {name} {label}") for (name, label), colour in
+    handles += [Patch(color=colour, alpha=0.5, label=f"phase {name} {label}") for (name, label), colour in
                 colours.items()]
     fig.legend(handles=handles, loc="lower center", ncol=min(len(handles), 4), fontsize=8, frameon=False)
 

@@ -5,8 +5,10 @@ A step may have several records: the training interval's and a validation's, and
 launch trained steps again, those of the earlier launch (the trainer drops them on resume, but a
 copied or hand-merged file may still hold them). The step's record is all of them merged in file
 order, so the last value of each metric wins. Tokens are step x train.global_batch_size x
-data.seq_len of the run's `config.yaml`, the config its last launch trained with; the phases are
-its fractions of train.steps (implicit_megatron.config.phase_bounds).
+data.seq_len of the run's `config.yaml`, the config its last launch trained with. The phases are
+the step ranges the run trained them over, as its newest checkpoint records them (a run extended
+past its first train.steps keeps its phases where they were); a run without checkpoints gets its
+config's fractions of train.steps (implicit_megatron.config.phase_bounds).
 """
 
 from __future__ import annotations
@@ -58,11 +60,28 @@ def last_record_per_step(records: list[dict]) -> dict[int, dict]:
     return dict(sorted(merged.items()))
 
 
-def phase_spans(cfg: Config) -> list[PhaseSpan]:
-    """The curriculum's phases with their steps and tokens (none for a run without phases)."""
+def recorded_phase_ranges(folder: Path) -> list[tuple[str, int, int]] | None:
+    """(phase, first step, end step) as the run's newest checkpoint records them; None without one."""
+    from implicit_megatron.checkpoints.layout import DamagedCheckpoint, read_client_state, read_latest
+
+    checkpoints = folder / "checkpoints"
+    try:
+        tag = read_latest(checkpoints) if checkpoints.is_dir() else None
+        ranges = read_client_state(checkpoints / tag).get("phase_bounds") if tag else None
+    except (DamagedCheckpoint, OSError, ValueError, RuntimeError):
+        return None  # a checkpoint that cannot be read: the config's fractions instead
+    return [(str(name), int(start), int(end)) for name, start, end in ranges] if ranges else None
+
+
+def phase_spans(cfg: Config, ranges: list[tuple[str, int, int]] | None = None) -> list[PhaseSpan]:
+    """The curriculum's phases with their steps and tokens (none for a run without phases): over the
+    recorded `ranges` where given, else over the config's fractions of train.steps."""
     per_step = tokens_per_step(cfg)
+    phases = {phase.name: phase for phase in cfg.curriculum.phases}
+    bounds = phase_bounds(cfg) if ranges is None else [(phases[name], start, end) for name, start, end in ranges
+                                                        if name in phases]
     spans = []
-    for phase, start, end in phase_bounds(cfg):
+    for phase, start, end in bounds:
         if phase.kind == "unrolled":
             label = f"{phase.max_iter} unrolled"
         else:
@@ -96,4 +115,4 @@ def read_run(folder: str | Path) -> RunCurves:
                 tokens, values = series.setdefault(key, ([], []))
                 tokens.append(step * per_step)
                 values.append(float(value))
-    return RunCurves(cfg.name, folder, per_step, list(by_step), series, phase_spans(cfg))
+    return RunCurves(cfg.name, folder, per_step, list(by_step), series, phase_spans(cfg, recorded_phase_ranges(folder)))

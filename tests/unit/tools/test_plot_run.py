@@ -63,6 +63,30 @@ def test_a_run_is_read_against_tokens_with_the_last_record_of_each_step(tmp_path
     assert read_run(make_run(tmp_path / "b", "tiny-b", implicit=False)).phases == []
 
 
+def test_phases_are_shaded_where_the_run_trained_them(tmp_path):
+    """An extended run (train.steps raised from 16 to 20 in its free phase) trained its bounded phase
+    over steps 0-12, not the 15 the config's fractions of 20 give: the newest checkpoint says so."""
+    import torch
+
+    folder = make_run(tmp_path / "extended", "tiny-extended", implicit=True)
+    tag = folder / "checkpoints" / "free-step20"
+    tag.mkdir(parents=True)
+    config = yaml.safe_load((folder / "config.yaml").read_text())
+    torch.save({"config": config, "phase_bounds": [["bounded", 0, 12], ["free", 12, 20]]},
+               tag / "mp_rank_00_model_states.pt")
+    (folder / "checkpoints" / "latest").write_text("free-step20\n")
+    spans = [(p.name, p.first_step, p.end_step, p.start_tokens) for p in read_run(folder).phases]
+    assert spans == [("bounded", 0, 12, 0), ("free", 12, 20, 12 * 128)]
+
+
+def test_runs_and_phases_never_share_a_colour():
+    from matplotlib.colors import to_rgb
+
+    tool = load_tool()
+    runs = {to_rgb(f"C{i}") for i in range(10)}  # the colours the runs' lines take
+    assert not runs & {to_rgb(colour) for colour in tool.PHASE_COLOURS}
+
+
 def test_records_of_one_step_merge_in_file_order():
     merged = last_record_per_step([{"step": 3, "a": 1.0}, {"step": 1, "a": 5.0}, {"step": 3, "b": 2.0},
                                    {"step": 3, "a": 7.0}, {"no": "step"}])
