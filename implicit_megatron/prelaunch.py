@@ -96,10 +96,19 @@ def validate_word_problem(cfg: Config, fail) -> None:
         fail("model.separate_documents", "word problems have no documents to separate")
 
 
+def taken_from(path: str | Path) -> str:
+    """Where a relative path of a config was looked for: paths in a config are taken from the working
+    directory, as Megatron's and GPT-NeoX's are (launch/pretrain.sh runs from the repository root);
+    `base:` paths from the file that names them."""
+    if Path(path).is_absolute():
+        return ""
+    return f" (a relative path: looked for from the working directory {os.getcwd()})"
+
+
 def validate_tokenizer(cfg: Config, fail) -> None:
     path = Path(cfg.data.tokenizer)
     if not path.exists():
-        fail("data.tokenizer", f"tokenizer not found: {path}")
+        fail("data.tokenizer", f"tokenizer not found: {path}{taken_from(path)}")
     from data_pipeline.tokenizer import load_tokenizer
 
     try:
@@ -133,10 +142,11 @@ def validate_data(cfg: Config, fail) -> None:
                                   f"USER_UID of its owner")
                     break  # the quickstart: tokenized from data.source on first use
                 if split == "valid":
-                    continue  # validation then reports that it has no data
-                fail(key, f"no shards for {prefix!r}: neither {prefix}_train.bin/.idx nor {prefix}_train_00000.bin/"
-                          f".idx exists. Check the path, or build them: python -m data_pipeline.preprocess --input "
-                          f"CORPUS --tokenizer {cfg.data.tokenizer} --output-prefix {prefix} --append-eod")
+                    continue  # validation is then skipped, with a warning (train.tasks)
+                fail(key, f"no shards for {prefix!r}{taken_from(prefix)}: neither {prefix}_train.bin/.idx nor "
+                          f"{prefix}_train_00000.bin/.idx exists. Check the path, or build them: python -m "
+                          f"data_pipeline.preprocess --input CORPUS --tokenizer {cfg.data.tokenizer} --output-prefix "
+                          f"{prefix} --append-eod")
             tokens = 0
             for shard in shards:
                 try:
@@ -172,7 +182,8 @@ def validate_catbabi(cfg: Config, fail, check_files: bool, check_data: bool) -> 
     if not check_files:
         return
     if not Path(c.folder).is_dir():
-        fail("task.catbabi.folder", f"no folder {c.folder}: put the bAbI v1.2 task files there (README: catbAbI)")
+        fail("task.catbabi.folder", f"no folder {c.folder}{taken_from(c.folder)}: put the bAbI v1.2 task files there "
+                                    "(README: catbAbI)")
     for split in ("train", c.eval_split):
         try:
             split_files(c.folder, split)

@@ -11,6 +11,7 @@ from implicit_megatron.checkpoints import safe_load
 from implicit_megatron.checkpoints.layout import MODEL_STATES, Layout, read_client_state
 from implicit_megatron.config import Config
 from implicit_megatron.errors import RunRefused
+from implicit_megatron.utils.deepspeed_env import name_accelerator
 
 
 def consolidated_weights(path: Path, saved: Layout) -> dict[str, torch.Tensor]:
@@ -18,6 +19,7 @@ def consolidated_weights(path: Path, saved: Layout) -> dict[str, torch.Tensor]:
     if saved.plain_optimizer:  # the module holds the fp32 weights themselves
         states = safe_load.load(path / MODEL_STATES, map_location="cpu", mmap=True)
         return {k: v.float() for k, v in states["module"].items()}
+    name_accelerator()
     from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
 
     return get_fp32_state_dict_from_zero_checkpoint(str(path.parent), tag=path.name)

@@ -18,7 +18,9 @@ import sys
 import torch
 
 from implicit_megatron.checkpoints import safe_load
+from implicit_megatron.utils.deepspeed_env import name_accelerator
 
+name_accelerator()
 _full_load = torch.load
 
 

@@ -256,7 +256,9 @@ class ImplicitCore(nn.Module):
         if reason is not None:
             if self.cuda_graphs == "on":
                 raise RuntimeError(f"implicit.cuda_graphs=on, but {reason}")
-            self._log_once(f"CUDA graphs off: {reason}; the passes run eagerly")
+            # Where there is no GPU at all, graphs are not missed: said at info level, not as a warning
+            self._log_once(f"CUDA graphs off: {reason}; the passes run eagerly",
+                           logging.INFO if x.device.type == "cpu" else logging.WARNING)
             return False
         s = self.settings
         if s is None:
@@ -324,10 +326,10 @@ class ImplicitCore(nn.Module):
         self._verify(key, lambda: graphs.verify(z, inj, seq_idx), z.dtype)
         return graphs
 
-    def _log_once(self, message: str) -> None:
+    def _log_once(self, message: str, level: int = logging.WARNING) -> None:
         if message not in self._logged:
             self._logged.add(message)
-            logger.warning(message)
+            logger.log(level, message)
 
     # ------------------------------------------------------------------ sequential mode
 

@@ -15,6 +15,7 @@ failure turns MLflow off for the launch with a warning, while metrics.jsonl keep
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import time
 import uuid
@@ -71,9 +72,13 @@ def _unopenable(db: Path) -> str | None:
 
 
 def _create_store(db: Path) -> None:
-    """A new local store, complete or not there at all: built under a temporary name, then renamed."""
+    """A new local store, complete or not there at all: built under a temporary name, then renamed.
+    MLflow logs each step of making the schema at INFO level ("Creating initial MLflow database
+    tables..."): at every new run, nothing to act on, so only its warnings are kept."""
     from mlflow import MlflowClient
 
+    for name in ("mlflow.store.db.utils", "alembic.runtime.migration"):
+        logging.getLogger(name).setLevel(logging.WARNING)
     building = db.with_name(f"{STORE}.creating-{os.getpid()}-{uuid.uuid4().hex[:8]}")
     MlflowClient(tracking_uri=f"sqlite:///{building}").search_experiments(max_results=1)  # makes the schema
     os.replace(building, db)

@@ -13,8 +13,9 @@ is settled where it arises, and our own warnings come from rank 0 (the ranks run
 from __future__ import annotations
 
 import logging
-import os
 import warnings
+
+from implicit_megatron.utils.deepspeed_env import name_accelerator
 
 DEPRECATED_COLLECTIVES = r"`torch\.distributed\.(all_gather_into_tensor|reduce_scatter_tensor)` is deprecated"
 NO_MPU = "MPU is not provided"
@@ -31,10 +32,7 @@ class _DropMessage(logging.Filter):
 
 def settle(rank: int) -> None:
     """Call before DeepSpeed is imported."""
-    import torch
-
-    if "DS_ACCELERATOR" not in os.environ and not torch.cuda.is_available():
-        os.environ["DS_ACCELERATOR"] = "cpu"
+    name_accelerator()
     warnings.filterwarnings("ignore", message=DEPRECATED_COLLECTIVES, category=FutureWarning)
     logging.getLogger("DeepSpeed").addFilter(_DropMessage(NO_MPU))
     ours = logging.getLogger("implicit_megatron")

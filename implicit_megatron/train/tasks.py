@@ -10,6 +10,7 @@ catbAbI also report accuracy, the paper's measure for state tracking; catbAbI pe
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 from dataclasses import replace
 
@@ -62,7 +63,14 @@ class LanguageModelTask:
         from implicit_megatron.train.data import valid_dataset
 
         if not hasattr(self, "_valid"):
-            self._valid = valid_dataset(self.cfg)
+            try:
+                self._valid = valid_dataset(self.cfg)
+            except FileNotFoundError as err:  # shards made without a validation split (--valid-fraction 0)
+                self._valid = None
+                if rank == 0:
+                    logging.getLogger(__name__).warning(f"no validation data; validation is skipped: {err}")
+        if self._valid is None:
+            return {}
         count = min(self.cfg.train.eval_samples, len(self._valid))
         return {"val": self._rows(range(rank, count, world), -(-count // world))}
 

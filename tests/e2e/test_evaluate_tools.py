@@ -43,6 +43,7 @@ def test_every_task_writes_its_files_and_logs_to_mlflow(tiny_run, shakespeare_sh
                   "--lm-eval-include", TASKS, "--output", out, "--run", tiny_run.run_dir)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "## Length extrapolation (Table 8 layout)" in result.stdout
+    assert "Setting accelerator to CPU" not in result.stderr and "CUDA graphs off" not in result.stderr
     for length in (64, 128):  # a progress bar per length, closed at all of its windows
         assert f"[evaluate] length {length}: 100%" in result.stderr and "4/4 [" in result.stderr
     files = {p.name for p in out.iterdir()}
@@ -142,6 +143,7 @@ def test_export_takes_the_run_folder_as_evaluate_does(tiny_run, tmp_path):
     result = tool("convert_checkpoint", "export", tiny_run.run_dir, tmp_path / "export")
     assert result.returncode == 0, result.stderr[-3000:]
     assert (tmp_path / "export" / "model.safetensors").is_file()
+    assert "Setting accelerator to CPU" not in result.stderr + result.stdout  # DeepSpeed told, not guessing
 
 
 def test_shards_of_another_tokenizer_are_refused_naming_both(tiny_run, tmp_path):

@@ -327,3 +327,14 @@ def test_a_run_folder_that_cannot_be_made_is_refused_naming_the_key(tmp_path):
     with pytest.raises(ConfigError, match=rf"the run folder {tmp_path / 'a-file' / 'run'}: {tmp_path / 'a-file'} is a "
                                           "file, not a folder"):
         load_config(ROOT / "configs/tiny/mamba2-implicit.yaml", [f"train.output_dir={tmp_path / 'a-file' / 'run'}"])
+
+
+def test_a_relative_path_that_is_not_found_says_where_it_was_looked_for(tmp_path):
+    """Paths in a config are taken from the working directory (launch/pretrain.sh runs from the
+    repository root); run from elsewhere, the error says which directory that was."""
+    result = subprocess.run([sys.executable, "-m", "implicit_megatron.config", str(ROOT / "configs/quickstart.yaml")],
+                            cwd=tmp_path, capture_output=True, text=True)
+    assert result.returncode == 2
+    assert result.stderr.strip() == (f"config error: {ROOT / 'configs/tiny/mamba2-explicit.yaml'}: data.tokenizer: "
+                                     "tokenizer not found: data/tokenizers/gpt-neox-20b.json.xz (a relative path: "
+                                     f"looked for from the working directory {tmp_path})")

@@ -115,3 +115,23 @@ def test_language_model_targets_are_the_next_tokens():
     batch = torch.arange(10).view(2, 5)
     inputs, targets = lm.inputs_and_targets(batch)
     assert torch.equal(inputs, batch[:, :-1]) and torch.equal(targets, batch[:, 1:])
+
+
+def test_shards_without_a_validation_split_skip_validation_with_one_warning(tmp_path, caplog):
+    """Preprocessing with --valid-fraction 0 writes no valid split: training runs, and validation is
+    skipped with a warning naming the prefix (it used to crash at the first validation)."""
+    import logging
+    import subprocess
+    import sys
+
+    source = tmp_path / "docs.jsonl"
+    source.write_text("".join(f'{{"text": "to be or not to be, {i}"}}\n' for i in range(50)))
+    prefix = tmp_path / "neox"
+    subprocess.run([sys.executable, "-m", "data_pipeline.preprocess", "--input", str(source), "--tokenizer",
+                    str(ROOT / "data/tokenizers/gpt-neox-20b.json.xz"), "--output-prefix", str(prefix),
+                    "--workers", "0", "--quiet", "--append-eod"], cwd=ROOT, check=True, capture_output=True)
+    cfg = load_config(ROOT / "configs/tiny/mamba2-implicit.yaml", [f"data.prefixes=[{prefix}]", "data.source=null",
+                                                                     "data.seq_len=16"], check_files=False)
+    with caplog.at_level(logging.WARNING):
+        assert LanguageModelTask(cfg).eval_sets(0, 1) == {}
+    assert f"no validation data; validation is skipped: no valid shards for prefix '{prefix}'" in caplog.text
