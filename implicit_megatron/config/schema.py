@@ -18,45 +18,45 @@ from implicit_megatron.utils.typed_yaml import to_dict
 class Mamba2Settings:
     """mamba_ssm's Mamba2 constructor keywords (same names, same defaults)."""
 
-    d_state: int = 128
-    d_conv: int = 4
-    expand: int = 2
-    headdim: int = 64
-    ngroups: int = 1
-    chunk_size: int = 256
-    conv_bias: bool = True
-    bias: bool = False
-    dt_min: float = 0.001
-    dt_max: float = 0.1
-    dt_init_floor: float = 1e-4
-    A_init_range: tuple[float, float] = (1.0, 16.0)
+    d_state: int = 128  # SSM state size per head (N)
+    d_conv: int = 4  # width of the causal depthwise convolution
+    expand: int = 2  # d_inner = expand x d_model
+    headdim: int = 64  # channels per SSM head (nheads = d_inner / headdim)
+    ngroups: int = 1  # groups sharing B and C (as attention's key-value groups)
+    chunk_size: int = 256  # chunk length of the SSD scan (a speed setting; the function is the same)
+    conv_bias: bool = True  # bias in the convolution
+    bias: bool = False  # bias in in_proj and out_proj
+    dt_min: float = 0.001  # smallest initial step size dt
+    dt_max: float = 0.1  # largest initial step size dt
+    dt_init_floor: float = 1e-4  # floor of the initial dt
+    A_init_range: tuple[float, float] = (1.0, 16.0)  # range of the initial -A (A = -exp(A_log))
 
 
 @dataclass
 class LlamaSettings:
-    n_heads: int = 12
+    n_heads: int = 12  # attention heads
     n_kv_heads: int | None = None  # None = n_heads (plain multi-head attention)
     ffn_dim: int | None = None  # None = 8/3 * d_model rounded up to ffn_multiple_of (Llama recipe)
-    ffn_multiple_of: int = 256
-    rope_theta: float = 10000.0
-    attention_bias: bool = False
+    ffn_multiple_of: int = 256  # the MLP width is rounded up to a multiple of this
+    rope_theta: float = 10000.0  # RoPE base frequency
+    attention_bias: bool = False  # bias in q/k/v/o projections
 
 
 @dataclass
 class ModelConfig:
-    arch: Literal["mamba2", "llama"] = "mamba2"
-    d_model: int = 768
-    n_layers: int = 24
+    arch: Literal["mamba2", "llama"] = "mamba2"  # the backbone's block
+    d_model: int = 768  # width of the residual stream (Table 6)
+    n_layers: int = 24  # blocks in one application of the backbone F (Table 6)
     vocab_size: int = 50277  # the GPT-NeoX-20B tokenizer
     pad_vocab_multiple: int = 1  # Mamba2 recipe: 16
-    norm_eps: float = 1e-5
+    norm_eps: float = 1e-5  # epsilon of every RMSNorm
     init_std: float = 0.02  # the embedding's (and, with init: default, Llama's Linear layers')
     # default: mamba_ssm's init for Mamba2, GPT-2/Megatron's N(0, init_std) for Llama; released: the
     # released models' (PyTorch's default Linear init, residual rescale only without weight norm)
     init: Literal["default", "released"] = "default"
     residual_in_fp32: bool = False  # each block's residual sum in at least float32 (the released models)
     embedding_dropout: float = 0.0  # dropout on the embeddings in training (the released state-tracking model: 0.05)
-    tie_embeddings: bool = True
+    tie_embeddings: bool = True  # the output head reads the embedding's weights
     use_kernels: bool = True  # fused mamba_ssm / causal_conv1d / flash-attn when importable and on GPU
     separate_documents: bool = False  # packed documents share no state or attention (paper: off)
     mamba2: Mamba2Settings = field(default_factory=Mamba2Settings)
@@ -80,20 +80,20 @@ class ModelConfig:
 
 @dataclass
 class AndersonSettings:
-    enabled: bool = False
-    window: int = 5
-    regularization: float = 1e-4
-    mixing: float = 1.0
+    enabled: bool = False  # Anderson acceleration of the solver's passes instead of plain ones
+    window: int = 5  # past iterates the Anderson step mixes
+    regularization: float = 1e-4  # ridge term of its least-squares solve
+    mixing: float = 1.0  # beta of the Anderson update
 
 
 @dataclass
 class ImplicitConfig:
     """(s+k): at most `max_iter` passes without gradient, then `phantom_steps` with it."""
 
-    enabled: bool = False
-    max_iter: int = 4
+    enabled: bool = False  # false: the explicit baseline (one pass, no injection)
+    max_iter: int = 4  # s: the cap on passes without gradient (a phase of the curriculum sets its own)
     tol: float | None = None  # None: a bounded phase, exactly max_iter passes
-    phantom_steps: int = 1
+    phantom_steps: int = 1  # k: damped passes with gradient after the solve
     damping: float = 0.8  # lambda of the phantom step z <- (1-l) z + l F(z)
     eval_factor: int = 4  # evaluation caps the passes at max_iter * eval_factor
     eval_max_iter: int | None = None  # the evaluation cap itself, instead (released: eval_f_max_iter)
@@ -104,7 +104,7 @@ class ImplicitConfig:
     # null evaluates it at its fixed depth max_iter. Free phases evaluate at their own tol.
     eval_tol: float | None = 0.05
     injection: bool = True  # the shared input-injection module
-    weight_norm: bool = False
+    weight_norm: bool = False  # weight normalisation of the backbone's Linear and Conv1d layers (released)
     weight_norm_injection: bool = False  # weight norm on the injection's Linear too (released)
     # unrolled: backprop through max_iter passes; unrolled_damped: F(0), then max_iter - 1 damped passes
     gradient: Literal["phantom", "unrolled", "unrolled_damped"] = "phantom"
@@ -115,11 +115,12 @@ class ImplicitConfig:
 
 @dataclass
 class DataConfig:
+    # tokenizer.json[.xz], sentencepiece .model, or a folder holding one
     tokenizer: str = "data/tokenizers/gpt-neox-20b.json.xz"
     prefixes: list[str] = field(default_factory=list)  # shard prefixes, read as {prefix}_{split}
     weights: list[float] | None = None  # blending weights, one per prefix
-    seq_len: int = 2048
-    seed: int = 1234
+    seq_len: int = 2048  # tokens per training sample
+    seed: int = 1234  # seed of the sample order (and of the word problem's words)
     source: str | None = None  # raw text to build missing shards from (the quickstart corpus)
     # train although data.tokenizer is not the tokenizer the shards were built with (their _stats.json)
     allow_tokenizer_mismatch: bool = False
@@ -149,33 +150,33 @@ class CatbabiConfig:
     data.seq_len + 1, the loss and accuracy on answer tokens; validation also per task."""
 
     folder: str = "data/catbabi"  # qa<N>_*_{train,valid,test}.txt of bAbI v1.2 (en-valid-10k), or converted files
-    eval_split: Literal["valid", "test"] = "valid"
+    eval_split: Literal["valid", "test"] = "valid"  # the split validation reads
     split_answers: bool = False  # task 19's "n,w" as two answer tokens instead of one word
 
 
 @dataclass
 class TaskConfig:
-    kind: Literal["language_model", "word_problem", "catbabi"] = "language_model"
+    kind: Literal["language_model", "word_problem", "catbabi"] = "language_model"  # what the run learns
     word_problem: WordProblemConfig = field(default_factory=WordProblemConfig)
     catbabi: CatbabiConfig = field(default_factory=CatbabiConfig)
 
 
 @dataclass
 class OptimizerConfig:
-    lr: float = 3e-3
-    betas: tuple[float, float] = (0.9, 0.95)
-    eps: float = 1e-8
-    weight_decay: float = 0.1
-    grad_clip: float = 1.0
+    lr: float = 3e-3  # peak learning rate of AdamW
+    betas: tuple[float, float] = (0.9, 0.95)  # AdamW's betas
+    eps: float = 1e-8  # AdamW's epsilon
+    weight_decay: float = 0.1  # decoupled weight decay, except on norms, biases, embeddings, A_log, D, dt_bias
+    grad_clip: float = 1.0  # global gradient norm clipping (0: off)
 
 
 @dataclass
 class ScheduleConfig:
     """Linear warmup -> constant -> 1 - sqrt cooldown to min_lr (over the whole curriculum)."""
 
-    warmup_steps: int = 2000
+    warmup_steps: int = 2000  # linear warmup from 0 to optimizer.lr
     cooldown_start: float = 0.9  # fraction of train.steps (Llama: start of the free phase)
-    min_lr: float = 1e-5
+    min_lr: float = 1e-5  # where the cooldown ends
     cooldown: Literal["sqrt", "linear", "cosine"] = "sqrt"  # the shape of the decay to min_lr
 
 
@@ -183,20 +184,20 @@ class ScheduleConfig:
 class PhaseLaunchConfig:
     """How launch/curriculum.sh starts a phase; unset values keep the environment's (NUM_NODES, ...)."""
 
-    num_nodes: int | None = None
+    num_nodes: int | None = None  # nodes of this phase's launch
     processes_per_node: int | None = None  # GPUs per node; CPU processes where there is no GPU
-    hostfile: str | None = None
+    hostfile: str | None = None  # DeepSpeed hostfile of this phase's launch
 
 
 @dataclass
 class PhaseConfig:
-    name: str
+    name: str  # the phase's name (checkpoint tags are <name>-step<N>)
     # bounded: exactly max_iter passes; free: stops at tol; unrolled: the released warm-up, F(0) then
     # max_iter - 1 damped passes with backpropagation through all of them (phantom_steps 0)
     kind: Literal["bounded", "free", "unrolled"]
     fraction: float  # share of train.steps
-    max_iter: int
-    phantom_steps: int
+    max_iter: int  # s: passes without gradient (the cap in a free phase)
+    phantom_steps: int  # k: damped passes with gradient
     tol: float | None = None  # required in a free phase, forbidden in a bounded one
     # A phase run as a launch of its own (curriculum.run_phase) may change these:
     zero_stage: Literal[0, 1, 2, 3] | None = None  # replaces distributed.zero_stage
@@ -206,25 +207,27 @@ class PhaseConfig:
 
 @dataclass
 class CurriculumConfig:
+    # (s+k) phases in order, their fractions adding up to 1; empty: implicit.* throughout
     phases: list[PhaseConfig] = field(default_factory=list)
     run_phase: str | None = None  # None: every phase in one launch
 
 
 @dataclass
 class DistributedConfig:
-    zero_stage: Literal[0, 1, 2, 3] = 1
+    zero_stage: Literal[0, 1, 2, 3] = 1  # DeepSpeed ZeRO stage
+    # DeepSpeed's training precision (float32 optimizer masters with bf16/fp16)
     precision: Literal["bf16", "fp16", "fp32"] = "bf16"
-    activation_checkpointing: bool = False
-    backend: Literal["auto", "nccl", "gloo"] = "auto"
+    activation_checkpointing: bool = False  # recompute each block in backward (no CUDA graphs then)
+    backend: Literal["auto", "nccl", "gloo"] = "auto"  # torch.distributed backend; auto: nccl with GPUs, gloo without
 
 
 @dataclass
 class CheckpointConfig:
-    interval: int = 1000
-    keep_last: int = 3
+    interval: int = 1000  # steps between checkpoints (and one at each phase's end and the run's)
+    keep_last: int = 3  # checkpoints kept (besides the best-validated and a diverging run's last good one)
     load: str | None = None  # start from this checkpoint folder (phase handoff, fine-tuning)
-    load_optimizer: bool = True
-    load_data_state: bool = True
+    load_optimizer: bool = True  # restore the optimizer state from the checkpoint started from
+    load_data_state: bool = True  # restore the data position at a handoff or load (a resume always does)
     allow_data_change: bool = False  # resume although data, sequence length or batch size changed
     # a damaged newest checkpoint (or `latest`): resume from the newest complete one, or refuse
     on_damaged: Literal["fallback", "fail"] = "fallback"
@@ -240,14 +243,14 @@ class CheckpointConfig:
 class WandbConfig:
     project: str | None = None  # None: no Weights & Biases (the `wandb` extra installs it)
     mode: Literal["offline", "online"] = "offline"  # offline: <output_dir>/wandb, uploaded by `wandb sync`
-    entity: str | None = None
+    entity: str | None = None  # Weights & Biases team or user
 
 
 @dataclass
 class TrackingConfig:
     enabled: bool = True  # MLflow
     uri: str | None = None  # None: a local sqlite store in train.output_dir
-    experiment: str = "implicit-megatron"
+    experiment: str = "implicit-megatron"  # MLflow experiment name
     tensorboard: bool = False  # every metric also into <output_dir>/tensorboard/ (rank 0)
     wandb: WandbConfig = field(default_factory=WandbConfig)
 
@@ -257,12 +260,12 @@ class TrainConfig:
     output_dir: str | None = None  # None: runs/<name>
     steps: int = 1000  # optimizer steps over the whole curriculum
     global_batch_size: int = 512  # sequences per optimizer step (512 x 2048 = 1M tokens)
-    micro_batch_size: int = 8
-    log_interval: int = 10
-    eval_interval: int = 1000
+    micro_batch_size: int = 8  # sequences per forward on one process (accumulation makes up the global batch)
+    log_interval: int = 10  # steps per log line and metrics record
+    eval_interval: int = 1000  # steps between validations (and one at the end)
     eval_samples: int = 160  # validation windows per evaluation, whatever the micro batch and world size
-    seed: int = 1234
-    max_nonfinite_in_row: int = 10
+    seed: int = 1234  # seed of initialisation and dropout
+    max_nonfinite_in_row: int = 10  # non-finite steps in a row that stop the run (exit 1)
     warn_unconverged_intervals: int = 5  # warn when no solve converged in this many log intervals (0: never)
     peak_tflops: float | None = None  # per device, for MFU; None: looked up from the GPU's name
     compile: bool = False  # torch.compile each backbone block (Backbone.compile_blocks)
@@ -272,7 +275,7 @@ class TrainConfig:
 
 @dataclass
 class Config:
-    name: str = "run"
+    name: str = "run"  # the run's name: runs/<name> unless train.output_dir
     model: ModelConfig = field(default_factory=ModelConfig)
     implicit: ImplicitConfig = field(default_factory=ImplicitConfig)
     data: DataConfig = field(default_factory=DataConfig)

@@ -24,7 +24,7 @@ def main(argv: list[str] | None = None) -> int:
         prog="python -m implicit_megatron.train", formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Train one rank of a run: started by launch/pretrain.sh, torchrun, the DeepSpeed\n"
                     "launcher or srun; run directly, it is a world of one process.",
-        epilog="Every config key, its type and default: implicit_megatron/config/schema.py (README: Configuration).\n"
+        epilog="Every config key, its type, default and meaning: docs/config.md.\n"
                "Check a config before launching: python -m implicit_megatron.config CONFIG [key=value ...]\n"
                "Examples: configs/quickstart.yaml, configs/{mamba2,llama}/{size}-implicit.yaml")
     parser.add_argument("config", metavar="CONFIG", nargs="?", help="the run's YAML file (with its base: chain)")

@@ -234,7 +234,7 @@ def test_train_help_names_config_overrides_and_the_reference():
     cmd = [sys.executable, "-m", "implicit_megatron.train"]
     shown = subprocess.run([*cmd, "--help"], cwd=ROOT, capture_output=True, text=True)
     assert shown.returncode == 0
-    for words in ("CONFIG", "key=value", "optional dotted overrides", "implicit_megatron/config/schema.py",
+    for words in ("CONFIG", "key=value", "optional dotted overrides", "docs/config.md",
                   "python -m implicit_megatron.config"):
         assert words in shown.stdout, words
     bare = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
@@ -338,3 +338,17 @@ def test_a_relative_path_that_is_not_found_says_where_it_was_looked_for(tmp_path
     assert result.stderr.strip() == (f"config error: {ROOT / 'configs/tiny/mamba2-explicit.yaml'}: data.tokenizer: "
                                      "tokenizer not found: data/tokenizers/gpt-neox-20b.json.xz (a relative path: "
                                      f"looked for from the working directory {tmp_path})")
+
+
+def test_the_config_reference_is_up_to_date():
+    """docs/config.md is written from the schema (every key, type, default, meaning and the paper's
+    value); a key added, removed or re-documented without regenerating it fails here."""
+    from implicit_megatron.config import reference
+
+    page = ROOT / "docs" / "config.md"
+    assert page.read_text() == reference.render(), "run: python -m implicit_megatron.config.reference"
+    keys = {line.split("`")[1] for line in page.read_text().splitlines() if line.startswith("| `")}
+    assert {"implicit.tol", "data.index_cache", "checkpoint.accept_foreign_checkpoint",
+            "curriculum.phases[i].tol", "train.exit_after_minutes"} <= keys
+    assert all(line.rstrip().endswith(" |") and not line.rstrip().endswith("|  |")
+               for line in page.read_text().splitlines() if line.startswith("| `")), "a key without a meaning"
