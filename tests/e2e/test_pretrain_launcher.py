@@ -123,11 +123,14 @@ def test_ctrl_c_stops_with_a_checkpoint_and_a_second_one_at_once(shakespeare_sha
     stopped = json.loads((tmp_path / "once" / "preempted.json").read_text())
     assert stopped["reason"] == "SIGINT (Ctrl-C)" and stopped["checkpoint"] == f"bounded-step{stopped['step']}"
 
-    twice = start(tmp_path / "twice", shakespeare_shards)
-    wait_for_steps(twice, tmp_path / "twice")
+    twice = start(tmp_path / "twice", shakespeare_shards, env=faults(seconds_per_step=3))  # a step outlasts Ctrl-C
+    wait_for_steps(twice, tmp_path / "twice", steps=1)
     processes = psutil.Process(twice.pid).children(recursive=True)
     os.killpg(twice.pid, signal.SIGINT)
-    time.sleep(0.2)
+    deadline = time.time() + 30
+    while not (tmp_path / "twice" / "stop-requested").exists():  # the first Ctrl-C was taken
+        assert time.time() < deadline
+        time.sleep(0.02)
     os.killpg(twice.pid, signal.SIGINT)
     out, _ = twice.communicate(timeout=60)
     assert twice.returncode == 130, out[-3000:]
@@ -199,10 +202,18 @@ def test_sigterm_before_the_ranks_start_ends_the_launch_at_once(shakespeare_shar
     """SIGTERM while pretrain.sh checks the config: no rank starts, the launch ends 0 as a graceful stop."""
     import psutil
 
+    def checking() -> bool:
+        for child in psutil.Process(proc.pid).children():
+            try:
+                if "implicit_megatron.config" in " ".join(child.cmdline()):
+                    return True
+            except psutil.Error:  # a child that has just ended
+                continue
+        return False
+
     proc = start(tmp_path, shakespeare_shards)
     deadline = time.time() + 60
-    while not any("implicit_megatron.config" in " ".join(child.cmdline())
-                  for child in psutil.Process(proc.pid).children()):
+    while not checking():
         assert proc.poll() is None and time.time() < deadline, proc.stdout.read()[-3000:]
         time.sleep(0.02)
     proc.send_signal(signal.SIGTERM)

@@ -50,6 +50,16 @@ def test_import_into_an_implicit_config_keeps_a_fresh_injection(tmp_path):
     assert ours.core.implicit and ours.core.injection is not None
     embedding = ref.backbone.embeddings.weight
     assert torch.equal(ours.embedding.weight, embedding)
+    # every tensor but the injection's is the source's (the explicit import gives the source's logits)
+    import_explicit(tmp_path / "src", tmp_path / "explicit")
+    explicit = from_pretrained(tmp_path / "explicit").state_dict()
+    implicit = ours.state_dict()
+    assert set(implicit) - set(explicit) == {k for k in implicit if k.startswith("core.injection.")}
+    assert all(torch.equal(implicit[k], explicit[k]) for k in explicit)
+    # the injection as build_model initialises it: a Linear at init scale after a unit RMSNorm
+    injection = ours.core.injection
+    assert torch.equal(injection.norm.weight, torch.ones_like(injection.norm.weight))
+    assert 0.5 * 0.02 < injection.proj.weight.std().item() < 2 * 0.02, injection.proj.weight.std()
 
 
 def test_shape_mismatch_names_the_tensor(tmp_path):

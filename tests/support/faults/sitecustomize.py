@@ -7,6 +7,7 @@ puts this folder on PYTHONPATH and names its faults in TEST_FAULTS (support.proc
     {"loss_jump_at_step": 3}             that step's reported losses are made 1000x (a jump only)
     {"crash_before_latest": "free-step12"}  the process dies as a kill would once every rank has
                                          written that checkpoint, before `latest` names it
+    {"seconds_per_step": 3}              every micro-batch takes that much longer (a step a stop must wait for)
     {"hold_start_up": true}              rank 0 ends its start-up only once the output folder holds
                                          `stop-requested` (it writes `start-up-held` first, so a test
                                          knows when to ask for the stop); a phase name instead of
@@ -38,6 +39,7 @@ if _FAULTS:
                     time.sleep(0.05)
 
         def on_loss(self, step, loss):
+            time.sleep(_FAULTS.get("seconds_per_step", 0))
             return loss * float("nan") if step == _FAULTS.get("nan_loss_at_step") else loss
 
         def on_step_losses(self, step, losses):

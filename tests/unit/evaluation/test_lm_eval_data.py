@@ -82,10 +82,13 @@ def test_a_passed_check_is_not_repeated_and_a_failed_one_is(clean_env, monkeypat
     first = lm_eval_data.check_tasks(options)
     assert lm_eval_data.check_tasks(options) is first and looked_up == [["tiny_piqa"]]
 
-    monkeypatch.setattr(lm_eval_data, "missing_data", lambda manager, names: (["tiny_gen (json: gone)"], False))
+    failed = []
+    monkeypatch.setattr(lm_eval_data, "missing_data", lambda manager, names: failed.append(names) or
+                        (["tiny_gen (json: gone)"], False))
     broken = LmEvalOptions(tasks=["tiny_gen"], include_path=tasks)
     for _ in range(2):
         with pytest.raises(lm_eval_data.MissingTaskData, match=r"^lm_eval cannot get the data of 1 task\(s\): "
                                                                r"tiny_gen \(json: gone\)$"):
             lm_eval_data.check_tasks(broken)
+    assert failed == [["tiny_gen"], ["tiny_gen"]]  # the failed check ran again, not remembered
     lm_eval_data.checked_tasks.cache_clear()

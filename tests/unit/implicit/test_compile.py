@@ -29,7 +29,7 @@ def test_a_deep_stack_compiles_once_per_variant_and_equals_eager(arch, make_mode
     assert not counters["graph_break"], dict(counters["graph_break"])
     # Variants: without gradient (the solve), with gradient from an input that has none (the first
     # phantom pass) and with one; Llama's first call also makes its RoPE table. Not one per layer.
-    assert frames[0] <= (4 if arch == "llama" else 3), frames
+    assert 2 <= frames[0] <= (4 if arch == "llama" else 3), frames  # compiled (2: a no-op compile fails here)
     assert frames[1] == frames[2] == frames[0], frames  # nothing compiles after the first step
     for (name, p), q in zip(model.named_parameters(), eager.parameters(), strict=True):
         assert torch.allclose(p.grad, q.grad, rtol=1e-10, atol=1e-13), name

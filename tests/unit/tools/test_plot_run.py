@@ -110,7 +110,14 @@ def test_two_runs_are_drawn_into_one_png(tmp_path):
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     image = imread(out)
     assert image.shape[0] > 600 and image.shape[1] > 1200
-    assert image[..., :3].std() > 0.05  # curves and shading, not a blank canvas
+    from matplotlib.colors import to_rgb
+
+    def pixels_of(colour: str) -> int:
+        return int((abs(image[..., :3] - to_rgb(colour)).max(axis=-1) < 0.02).sum())
+
+    # each run's lines in its own colour (a drawing of the first run alone has no C1 pixel), over
+    # many panels: hundreds of pixels each, beyond the legend's short line
+    assert pixels_of("C0") > 500 and pixels_of("C1") > 500, (pixels_of("C0"), pixels_of("C1"))
 
 
 def test_a_folder_without_metrics_is_refused_by_name(tmp_path):

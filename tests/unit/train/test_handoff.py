@@ -203,7 +203,7 @@ def test_universal_command_errors(tmp_path):
     result = universal(tmp_path / "checkpoints")
     assert result.returncode == 2 and "nothing to convert" in result.stderr
     missing = universal(tmp_path / "checkpoints", "--tag", "free-step9")
-    assert missing.returncode == 2 and "checkpoints/free-step9: is missing" in missing.stderr
+    assert missing.returncode == 2 and "checkpoints: no checkpoint with tag 'free-step9'" in missing.stderr
 
 
 def test_raised_steps_are_accepted_only_when_the_seen_order_holds():
