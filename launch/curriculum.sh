@@ -56,7 +56,7 @@ run_phase() {
 
 plan="$("$PYTHON" -m implicit_megatron.train.curriculum "$config" "$@")"
 while IFS=$'\t' read -r -u 3 name status nodes procs hostfile outdir; do
-  if [ "$status" = done ]; then
+  if [ "$status" = "done" ]; then
     echo "[curriculum] phase $name: finished, skipped"
     continue
   fi

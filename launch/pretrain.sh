@@ -95,9 +95,11 @@ fi
 # watch (they finish the step, save and exit 0); a second Ctrl-C kills the launcher and its ranks at
 # once. When the launcher itself was signalled too and exits non-zero, the ranks' preempted.json
 # says the stop was graceful. The ranks end when this script or their launcher is gone.
+# shellcheck disable=SC2329  # called from the traps below
 ask_stop() {
   echo "$1" > "$outdir/stop-requested.tmp" && mv -f "$outdir/stop-requested.tmp" "$outdir/stop-requested"
 }
+# shellcheck disable=SC2329  # the INT trap
 interrupted() {
   interrupts=$((interrupts + 1))
   if [ "$interrupts" -eq 1 ]; then

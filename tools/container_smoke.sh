@@ -53,6 +53,7 @@ fail() {  # fail MESSAGE [LOG]: the line, then the end of the log
 took() { echo "$((SECONDS - $1)) s"; }
 
 # shellcheck disable=SC2317  # run by the EXIT trap
+# shellcheck disable=SC2329  # the EXIT trap
 cleanup() {
   local c
   for c in "${containers[@]+"${containers[@]}"}"; do buildah rm "$c" > /dev/null 2>&1; done

@@ -38,7 +38,7 @@ def records(out: Path) -> dict[int, dict]:
 
 
 @pytest.mark.distributed
-@pytest.mark.parametrize("stage", [3])  # ZeRO-0, -1 and -2 train in the resume, damaged-checkpoint and handoff tests
+@pytest.mark.parametrize("stage", [3])  # ZeRO-0, -1 and -2 learn in the non-finite-step and resume tests
 def test_every_zero_stage_learns(stage, shakespeare_shards, tmp_path):
     """... and a second run on the same output folder is refused by name while the first finishes."""
     args = overrides(shakespeare_shards, tmp_path, "train.steps=30", f"distributed.zero_stage={stage}",
@@ -115,6 +115,8 @@ def test_killed_runs_resume_exactly(shakespeare_shards, tmp_path):
 
     a, b = records(straight), records(interrupted)
     assert sorted(a) == sorted(b) == list(range(1, 13))
+    early, late = (sum(b[s]["train/loss"] for s in steps) / 3 for steps in ((1, 2, 3), (10, 11, 12)))
+    assert late < early - 0.8, (early, late)  # ZeRO-1 learns: 10.82 -> 9.49 over the first 12 steps
     for step in range(1, 13):
         assert abs(a[step]["train/loss"] - b[step]["train/loss"]) <= 1e-6, (step, a[step], b[step])
         assert a[step]["train/consumed_samples"] == b[step]["train/consumed_samples"] == step * 8
@@ -293,6 +295,8 @@ def test_a_nonfinite_step_is_skipped_and_training_goes_on(stage, shakespeare_sha
     losses = {step: row["train/loss"] for step, row in records(tmp_path).items()}
     assert 3 not in losses  # a non-finite step is reported as such, not as metrics
     assert all(math.isfinite(losses[s]) for s in (1, 2, 4, 5, 6))  # the NaN gradients were never applied
+    # and it learns under this stage (ZeRO-0 and -2 alike: 10.83 at step 1 -> 10.60-10.62 at step 6)
+    assert losses[6] < losses[5] < losses[4] and losses[6] < losses[1] - 0.1, losses
 
 
 @pytest.mark.distributed
@@ -314,5 +318,8 @@ def test_word_problem_trains_on_two_processes(tmp_path):
     for key in ("val", "val_p0.5", "val_len32"):
         assert 0.0 <= evals[-1][f"{key}/accuracy"] <= 1.0 and evals[-1][f"{key}/solver_iterations"] > 1
         assert 0.0 <= evals[-1][f"{key}/converged_frac"] <= 1.0 and evals[-1][f"{key}/solver_residual"] > 0
-    assert all(0.0 <= r["train/accuracy"] <= 1.0 for r in rows if "train/loss" in r)
+    # It learns within six steps: training accuracy rises from about 0 (0.0-0.004 at step 1 over
+    # seeds 1-3) to 0.10-0.41 at step 6, validation accuracy 0.14-0.42; Mᵃ x A5 has 240 labels (chance 1/240)
+    accuracy = [r["train/accuracy"] for r in rows if "train/loss" in r]
+    assert accuracy[-1] >= accuracy[0] + 0.05 and evals[-1]["val/accuracy"] >= 0.08, (accuracy, evals[-1])
     assert not any("val/ppl" in r for r in evals)  # accuracy, not perplexity

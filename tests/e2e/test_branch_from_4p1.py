@@ -41,3 +41,31 @@ def test_the_free_phase_branches_from_the_standalone_run(shakespeare_shards, tmp
     assert (branch / "checkpoints" / "latest").read_text().strip() == "free-step10"
     first = {r["step"]: r for r in rows(standalone) if "train/loss" in r}
     assert trained[0]["train/lr"] == first[9]["train/lr"]  # the schedule continues
+    # The branch trained step 9 from bounded-step8's weights: its loss is theirs on step 9's samples
+    # under the free phase's solver, computed here without the trainer.
+    assert trained[0]["train/loss"] == pytest.approx(free_loss_from(checkpoints / "bounded-step8",
+                                                                    shakespeare_shards), rel=1e-5)
+
+
+def free_loss_from(tag: Path, shards: str) -> float:
+    import torch
+
+    from data_pipeline.packed import build_packed_dataset
+    from implicit_megatron import load_config
+    from implicit_megatron.builder import build_model
+    from implicit_megatron.hf.export import read_checkpoint
+
+    state, cfg = read_checkpoint(tag.parent, tag.name)  # the standalone (4+1) run's weights and config
+    free = next(phase for phase in load_config(TINY, check_files=False).curriculum.phases if phase.name == "free")
+    model = build_model(cfg)
+    model.load_state_dict(state)
+    model.core.set_phase(max_iter=free.max_iter, tol=free.tol, phantom_steps=free.phantom_steps)
+    model.train()
+    data = build_packed_dataset([shards], None, "train", cfg.data.seq_len, seed=cfg.data.seed,
+                                num_samples=cfg.train.steps * cfg.train.global_batch_size)
+    losses = []
+    for first in range(64, 72, cfg.train.micro_batch_size):  # step 9: samples 64-71, in micro-batches
+        batch = torch.stack([torch.from_numpy(data[i]) for i in range(first, first + cfg.train.micro_batch_size)])
+        with torch.no_grad():
+            losses.append(model(batch[:, :-1], labels=batch[:, 1:]).item())
+    return sum(losses) / len(losses)

@@ -23,6 +23,34 @@ def sweep(out, page, *extra: str) -> subprocess.CompletedProcess:
                           timeout=600)
 
 
+def L12_accuracy(run) -> float:  # noqa: N802 - the set's name
+    import importlib.util
+
+    import torch
+
+    from data_pipeline.synthetic.word_problem import generate
+    from implicit_megatron.builder import build_model
+    from implicit_megatron.hf.export import read_checkpoint
+
+    spec = importlib.util.spec_from_file_location("state_tracking_tool", ROOT / "tools/state_tracking.py")
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    args = tool.parse(["--algebra", "Z2", "--length", "8", "--test-lengths", "8,12", "--test-words", "8"])
+    length, p, words = tool.test_sets(args)["L12"]
+    inputs, labels = (torch.from_numpy(a.astype("int64")) for a in generate("Z2", words, length, p,
+                                                                            tool.set_seed("L12")))
+    state, cfg = read_checkpoint(run / "checkpoints")
+    model = build_model(cfg)
+    model.load_state_dict(state)
+    model.eval()
+    hits = 0
+    with torch.no_grad():
+        for start in range(0, words, args.eval_batch):
+            logits = model(inputs[start:start + args.eval_batch])
+            hits += int((logits[..., :model.vocab_size].argmax(-1) == labels[start:start + args.eval_batch]).sum())
+    return hits / (words * length)
+
+
 @pytest.mark.slow
 def test_state_tracking_sweep(tmp_path):
     page = tmp_path / "docs" / "state_tracking.md"
@@ -36,7 +64,10 @@ def test_state_tracking_sweep(tmp_path):
     results = json.loads((tmp_path / "runs" / "Z2-L8-released" / "results.json").read_text())
     implicit, explicit = results["runs"]["implicit"]["0"], results["runs"]["explicit-1l"]["0"]
     assert explicit["L12"]["passes"] == 1 and 1 < implicit["L12"]["passes"] <= 32
-    assert all(0 <= r["accuracy"] <= 1 and 0 <= r["accuracy_last"] <= 1 for r in implicit.values())
+    # Four steps teach parity nothing, so what is checked is that the table reports the model it
+    # trained on the words it names: the final checkpoint, on the L12 set made again from its seed,
+    # scored here by plain argmax, gives the table's accuracy.
+    assert L12_accuracy(tmp_path / "runs" / "Z2-L8-released" / "implicit" / "seed0") == implicit["L12"]["accuracy"]
     run = tmp_path / "runs" / "Z2-L8-released" / "implicit" / "seed0"
     rows = map(json.loads, (run / "metrics.jsonl").read_text().splitlines())
     steps = {r["step"]: r for r in rows if "train/loss" in r}

@@ -39,6 +39,9 @@ def relative(got: torch.Tensor, want: torch.Tensor) -> float:
     return ((got - want).abs().max() / want.abs().max()).item()
 
 
+TOLERANCE = 1e-6  # the largest error, in Llama's gradients, is 1.7e-7; a wrong norm_eps alone is 6.4e-5
+
+
 @pytest.mark.parametrize("arch", ARCHS)
 def test_imported_models_give_the_released_logits_in_eval_and_train_mode(arch, imported):
     ids, logits, _, meta = reference(arch)
@@ -47,10 +50,10 @@ def test_imported_models_give_the_released_logits_in_eval_and_train_mode(arch, i
     assert (settings.max_iter, settings.tol, settings.phantom_steps, settings.damping) == (32, 0.05, 4, 0.8)
     assert settings.eval_rule == "released" and settings.cap(False) == 128
     with torch.no_grad():
-        assert relative(model(ids), logits["eval"]) < 1e-4
+        assert relative(model(ids), logits["eval"]) < TOLERANCE
     assert model.core.last_stats.passes == meta["runs"]["eval"]["f_calls"]  # damped passes + the last one
     model.train()
-    assert relative(model(ids).detach(), logits["train"]) < 1e-4
+    assert relative(model(ids).detach(), logits["train"]) < TOLERANCE
 
 
 @pytest.mark.parametrize("arch", ARCHS)
@@ -59,7 +62,7 @@ def test_same_function_and_gradients_as_the_released_code_at_4p1(arch, imported)
     model = from_pretrained(imported[arch], dtype=torch.float64).train()
     model.core.set_phase(max_iter=4, phantom_steps=1)  # the released "(4+1) pretrain" solver
     out = model(ids)
-    assert relative(out.detach(), logits["train_4p1"]) < 1e-4
+    assert relative(out.detach(), logits["train_4p1"]) < TOLERANCE
     F.cross_entropy(out[:, :-1].reshape(-1, out.shape[-1]), ids[:, 1:].reshape(-1)).backward()
     params = dict(model.named_parameters())
     layers = LLAMA_LAYER if arch == "llama" else MAMBA2_LAYER
@@ -70,7 +73,7 @@ def test_same_function_and_gradients_as_the_released_code_at_4p1(arch, imported)
             continue
         ours = _our_name(name, layers)
         ours = "embedding.weight" if ours == "lm_head.weight" else ours  # tied
-        assert relative(params[ours].grad, want) < 1e-4, name
+        assert relative(params[ours].grad, want) < TOLERANCE, name
         checked += 1
     assert checked >= 10
 
@@ -80,7 +83,7 @@ def test_sequential_mode_follows_the_released_per_token_rule(arch, imported):
     ids, logits, _, meta = reference(arch)
     model = from_pretrained(imported[arch], dtype=torch.float64)
     z, _, stats = model.core.forward_sequential(model.embedding(ids))
-    assert relative(model.logits(z), logits["sequential"]) < 1e-4
+    assert relative(model.logits(z), logits["sequential"]) < TOLERANCE
     assert [s.passes for s in stats] == meta["runs"]["sequential"]["f_calls_per_token"]
 
 

@@ -4,8 +4,6 @@ refuses connections is told apart at once."""
 
 from __future__ import annotations
 
-import time
-
 import pytest
 
 from implicit_megatron.evaluation.lm_eval_data import data_source, hub_unreachable, settle_offline_mode
@@ -43,11 +41,12 @@ def test_the_hub_decides_when_nothing_is_set(clean_env):
     assert os.environ["HF_DATASETS_OFFLINE"] == "1"
 
 
+@pytest.mark.timeout(120)
 def test_a_refused_connection_is_reported_at_once():
-    start = time.monotonic()
-    reason = hub_unreachable("http://127.0.0.1:9", timeout=3.0)
+    """A refused connection is an answer: the probe does not wait out its timeout (an hour here,
+    which the test's own two-minute limit would catch)."""
+    reason = hub_unreachable("http://127.0.0.1:9", timeout=3600.0)
     assert reason.startswith("the Hub (http://127.0.0.1:9) cannot be reached (ConnectError")
-    assert time.monotonic() - start < 3.0
 
 
 def test_only_plain_tasks_name_a_data_set():

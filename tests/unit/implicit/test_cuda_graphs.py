@@ -265,18 +265,22 @@ def test_a_failed_capture_frees_the_graphs_runs_eagerly_and_says_why(make_model,
         assert not model.core._graphs and not torch.cuda.is_current_stream_capturing()
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="no GPU")
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_chunked_loss_equals_float32_logits_on_the_gpu(dtype):
-    z = torch.randn(4, 700, 64, device="cuda", dtype=dtype, requires_grad=True)
-    weight = (0.1 * torch.randn(5000, 64, device="cuda", dtype=dtype)).requires_grad_()
-    labels = torch.randint(0, 5000, (4, 700), device="cuda")
-    ref = torch.nn.functional.cross_entropy((z @ weight.t()).float().flatten(0, 1), labels.flatten())
+@pytest.mark.parametrize(("device", "dtype"), [("cpu", torch.float64), ("cuda", torch.float32),
+                                             ("cuda", torch.bfloat16)])
+def test_chunked_loss_equals_float32_logits(device, dtype):
+    """On the GPU in its dtypes, and on the CPU in float64 (every commit: the same assertions)."""
+    if device == "cuda" and not torch.cuda.is_available():
+        pytest.skip("no GPU")
+    z = torch.randn(4, 700, 64, device=device, dtype=dtype, requires_grad=True)
+    weight = (0.1 * torch.randn(5000, 64, device=device, dtype=dtype)).requires_grad_()
+    labels = torch.randint(0, 5000, (4, 700), device=device)
+    logits_dtype = torch.promote_types(dtype, torch.float32)  # float32 logits, or float64 ones in float64
+    ref = torch.nn.functional.cross_entropy((z @ weight.t()).to(logits_dtype).flatten(0, 1), labels.flatten())
     ref_z, ref_w = torch.autograd.grad(ref, (z, weight))
     loss = linear_cross_entropy(z, weight, labels, chunk_tokens=1000)
     got_z, got_w = torch.autograd.grad(loss, (z, weight))
-    assert abs(loss.item() - ref.item()) <= 1e-5 * ref.item()
-    assert close(got_z.float(), ref_z.float(), dtype) and close(got_w.float(), ref_w.float(), dtype)
+    assert abs(loss.item() - ref.item()) <= (1e-12 if dtype == torch.float64 else 1e-5) * ref.item()
+    assert close(got_z.double(), ref_z.double(), dtype) and close(got_w.double(), ref_w.double(), dtype)
 
 
 def test_graphs_evicted_for_many_shapes_never_read_stale_weights(make_model):

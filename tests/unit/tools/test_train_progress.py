@@ -51,13 +51,27 @@ def test_a_log_gets_the_first_and_last_step_and_warnings_and_the_tail_comes_back
         "[state_tracking] implicit seed 0: step 4/4  loss 0.25"]
 
 
-def test_lines_are_shown_as_they_arrive_not_when_the_child_ends():
-    shown = Timed()
-    child = "import time\nfor s in (1, 2):\n    print(f'[train] step {s}/2  loss 1', flush=True); time.sleep(0.6)"
+def test_lines_are_shown_as_they_arrive_not_when_the_child_ends(tmp_path):
+    """The child prints step 1, then waits for the test to have seen it (a file the stream makes on
+    that line) before it prints step 2 and ends; a progress that showed lines only at the end would
+    leave it waiting, and it would end with status 3 instead."""
+    seen = tmp_path / "step-1-shown"
+
+    class Watching(io.StringIO):
+        def write(self, text: str) -> int:
+            if "step 1/2" in text:
+                seen.touch()
+            return super().write(text)
+
+    child = (f"import os, sys, time\nprint('[train] step 1/2  loss 1', flush=True)\n"
+             f"deadline = time.monotonic() + 60\n"
+             f"while not os.path.exists({str(seen)!r}):\n"
+             f"    if time.monotonic() > deadline: sys.exit(3)\n"
+             f"    time.sleep(0.01)\n"
+             f"print('[train] step 2/2  loss 1', flush=True)")
+    shown = Watching()
     assert run_with_progress([sys.executable, "-c", child], "run", stream=shown, every=0.0).returncode == 0
-    ended = time.monotonic()
-    assert "".join(text for _, text in shown.writes).splitlines() == ["run: step 1/2  loss 1", "run: step 2/2  loss 1"]
-    assert shown.writes[0][0] < ended - 0.9  # the first step showed while the child still ran
+    assert shown.getvalue().splitlines() == ["run: step 1/2  loss 1", "run: step 2/2  loss 1"]
 
 
 def test_a_terminal_gets_a_bar():
