@@ -14,11 +14,11 @@ A graph reads memory by address, so everything here is about which memory a grap
   gradient, then the k phantom steps, or the explicit model's one pass) as one forward graph and
   one backward graph.
 
-Gradients leave the graphs as fresh tensors. A graph's gradient buffer handed to autograd as a
-parameter's gradient would become `p.grad` itself (autograd adopts a gradient it holds the only
-reference to), and the next micro-batch's replay would overwrite it: accumulated gradients would
-be wrong. Every replay bumps a generation counter, and a backward whose forward's buffers were
-overwritten by a later forward raises instead of returning another forward's gradient.
+Gradients leave the graphs as fresh tensors. A graph's gradient buffers are overwritten by the next
+micro-batch's replay: a hook that keeps the gradient it is handed (DeepSpeed's gradient buckets,
+until they are reduced), or a `p.grad` adopted from it, would turn into the next micro-batch's.
+Every replay bumps a generation counter, and a backward whose forward's buffers were overwritten by
+a later forward raises instead of returning another forward's gradient.
 
 Graphs whose memory must survive between two replays (saved activations between forward and
 backward, the static weights) get a memory pool of their own, which no other capture can reuse;

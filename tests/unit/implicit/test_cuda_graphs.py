@@ -418,3 +418,24 @@ def test_a_graph_that_computes_something_else_is_caught_at_its_first_use(make_mo
         model.load_state_dict(state)
         with pytest.raises(RuntimeError, match=f"CUDA graphs differ from the eager passes: {what}"):
             train(model, "on", data, 3)
+
+
+def test_a_gradient_kept_by_a_hook_is_not_overwritten_by_the_next_micro_batch(make_model):
+    """A hook that holds a parameter's gradient past its backward (DeepSpeed's gradient buckets do,
+    until they are reduced): the graphed backward's buffers are overwritten by the next replay, so
+    what it hands to autograd must be copies, or the first micro-batch's kept gradient would turn
+    into the second's."""
+    with emulated():
+        models = {graphs: graph_model(make_model, "mamba2", ("cpu", torch.float64)) for graphs in ("off", "on")}
+        models["on"].load_state_dict(models["off"].state_dict())
+        kept = {}
+        for graphs, model in models.items():
+            model.core.cuda_graphs = graphs
+            weight = model.core.backbone.layers[0].mixer.out_proj.parametrizations.weight.original1
+            kept[graphs] = []
+            weight.register_hook(lambda g, kept=kept[graphs]: kept.append(g))
+            for ids in batches("cpu", 2) * 2:  # the second pass over the batches replays the graphs
+                model(ids, labels=ids).backward()
+        assert len(kept["on"]) == len(kept["off"]) == 4
+        for got, want in zip(kept["on"], kept["off"], strict=True):
+            assert close(got, want, torch.float64)

@@ -127,3 +127,14 @@ def test_unrolled_damped_is_the_released_warm_up(arch, make_model):
     assert torch.allclose(got_logits, by_hand(ids).detach(), rtol=0, atol=1e-12)
     assert ((got - want).norm() / want.norm()).item() < 1e-12
     assert model.core.last_stats.phantom_passes == 4
+
+
+def test_a_phantom_step_is_the_damped_update():
+    """z <- (1 - lambda) z + lambda F(z), written out for F(z) = 3z + 1 from z = 2, lambda = 0.8."""
+    from implicit_megatron.implicit.phantom import phantom_steps
+
+    out = phantom_steps(lambda z: 3.0 * z + 1.0, torch.tensor([2.0], dtype=torch.float64), 2, 0.8)
+    # z1 = 0.2 * 2 + 0.8 * 7 = 6.0; z2 = 0.2 * 6 + 0.8 * 19 = 16.4
+    assert torch.allclose(out, torch.tensor([16.4], dtype=torch.float64), rtol=1e-14)
+    undamped = phantom_steps(lambda z: 3.0 * z + 1.0, torch.tensor([2.0], dtype=torch.float64), 2, 1.0)
+    assert undamped.item() == 22.0  # F(F(2)) = 3 * 7 + 1

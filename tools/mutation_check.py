@@ -1,0 +1,216 @@
+"""A mutation check: small breaks of the core, each of which the tests that guard it must catch.
+
+    python tools/mutation_check.py              # every break (about 10 minutes on 2 CPU cores)
+    python tools/mutation_check.py --only solver-stop-rule,phantom-damping
+    python tools/mutation_check.py --list
+
+A break is one edit of one file: an exact snippet of the source replaced by a subtly wrong one (a
+comparison turned, a step skipped, a check that always passes). For each, the repository is copied
+(the files git tracks, and the new ones it does not ignore) and the break applied to the copy, never
+to the working tree; the tests named for it run there and must fail. A table says, per break,
+caught or SURVIVED and how long its tests took; the exit status is 1 when one survived or no longer
+applies (its snippet is gone: update it here). tests/unit/tools/test_mutation_check.py checks on
+every commit that every break still applies; running them is this tool's, not the suite's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@dataclass(frozen=True)
+class Break:
+    name: str
+    path: str  # relative to the repository
+    old: str  # must occur exactly once
+    new: str
+    tests: tuple[str, ...]  # pytest paths or node ids
+    what: str
+
+
+BREAKS = [
+    Break("solver-stop-rule", "implicit_megatron/implicit/solver.py",
+          "            if agreed_max(residual, group) < tol:", "            if agreed_max(residual, group) > tol:",
+          ("tests/unit/implicit/test_solver.py",), "the free phase stops when the residual is above the tolerance"),
+    Break("phantom-damping", "implicit_megatron/implicit/phantom.py",
+          "z = f_z if damping == 1.0 else (1.0 - damping) * z + damping * f_z",
+          "z = f_z if damping == 1.0 else damping * z + (1.0 - damping) * f_z",
+          ("tests/unit/implicit/test_phantom.py",), "the phantom step's damping swapped (lambda <-> 1 - lambda)"),
+    Break("injection-off", "implicit_megatron/implicit/core.py",
+          "        inj = self.injection(x) if self.injection is not None else None\n        s = self.settings\n\n"
+          "        def f(",
+          "        inj = None\n        s = self.settings\n\n        def f(",
+          ("tests/unit/test_import_released.py",), "the eager passes ignore the input injection"),
+    Break("weight-norm", "implicit_megatron/implicit/weight_norm.py",
+          "    return torch._weight_norm(v, g, 0)", "    return g * v / v.norm()",
+          ("tests/unit/implicit/test_weight_norm.py",), "weight norm over the whole tensor, not each row"),
+    Break("graph-input-copy", "implicit_megatron/implicit/graphs.py",
+          "        if z.data_ptr() != graphs.z.data_ptr():\n            graphs.z.copy_(z)",
+          "        if False:\n            graphs.z.copy_(z)",
+          ("tests/unit/implicit/test_cuda_graphs.py::test_graphed_training_equals_eager",),
+          "the graphed passes with gradient replay on the iterate of their capture, not this forward's"),
+    Break("graph-gradient-clone", "implicit_megatron/implicit/graphs.py",
+          "return (None, *(None if g is None else g.clone() for g in graphs.grads))",
+          "return (None, *graphs.grads)",
+          ("tests/unit/implicit/test_cuda_graphs.py::test_a_gradient_kept_by_a_hook_is_not_overwritten_by_the_next_"
+           "micro_batch",),
+          "the graphed backward hands autograd its own buffers, which the next micro-batch overwrites"),
+    Break("manifest-size", "implicit_megatron/checkpoints/integrity.py",
+          '        if path.stat().st_size != record["size"]:', '        if path.stat().st_size < 0:',
+          ("tests/unit/checkpoints/test_integrity.py",), "the manifest's sizes are not compared"),
+    Break("resume-position", "implicit_megatron/train/checkpointer.py",
+          "                batches.load_state_dict(data_state)", "                pass",
+          ("tests/distributed/test_training.py::test_killed_runs_resume_exactly",),
+          "a resume starts the data from the beginning"),
+    Break("phase-launch-overrides", "implicit_megatron/config/reading.py",
+          "            cfg.distributed.zero_stage = phase.zero_stage", "            pass",
+          ("tests/unit/test_config.py",), "a phase launched on its own keeps the run's ZeRO stage"),
+    Break("shard-tokenizer-check", "data_pipeline/shard_tokenizer.py",
+          "    if ours_sha == built_sha:", "    if True:",
+          ("tests/unit/test_config.py",), "shards of another tokenizer are accepted"),
+    Break("compile-no-op", "implicit_megatron/models/backbone.py",
+          "            layer.compile(dynamic=False, backend=backend)", "            pass",
+          ("tests/unit/implicit/test_compile.py",), "train.compile compiles nothing"),
+    Break("import-zero-injection", "implicit_megatron/hf/import_explicit.py",
+          "    model.load_state_dict({**expected, **state}, strict=True)",
+          "    model.load_state_dict({**{k: v.zero_() if k.startswith('core.injection.proj') else v "
+          "for k, v in expected.items()}, **state}, strict=True)",
+          ("tests/unit/test_import_weights.py",), "an import into an implicit config zeroes the injection"),
+    Break("released-norm-eps", "implicit_megatron/hf/released.py",
+          '"model.norm_eps=1e-05"', '"model.norm_eps=1e-06"',
+          ("tests/unit/test_import_released.py",), "the released models imported with another RMSNorm epsilon"),
+    Break("plot-one-run", "tools/plot_run.py",
+          "    for index, run in enumerate(runs):\n        for key, validation in keys:",
+          "    for index, run in enumerate(runs[:1]):\n        for key, validation in keys:",
+          ("tests/unit/tools/test_plot_run.py",), "plot_run draws only the first run"),
+    Break("lm-eval-check-repeated", "implicit_megatron/evaluation/lm_eval_data.py",
+          "@functools.lru_cache(maxsize=4)\ndef checked_tasks(", "@functools.lru_cache(maxsize=0)\ndef checked_tasks(",
+          ("tests/unit/evaluation/test_lm_eval_data.py",), "a passed lm-eval data check is looked up again"),
+    Break("symlinks-vouched", "implicit_megatron/checkpoints/integrity.py",
+          "            if path.is_symlink():\n                return f\"{path} is a symbolic link",
+          "            if False:\n                return f\"{path} is a symbolic link",
+          ("tests/unit/checkpoints/test_universal.py",), "a link inside a tag is taken as its own file"),
+    Break("foreign-tag", "implicit_megatron/train/handoff.py",
+          "    if recorded_run is not None and recorded_run != run_id:",
+          "    if recorded_run is None and recorded_run != run_id:",
+          ("tests/unit/train/test_handoff.py",), "a tag another run saved is resumed from"),
+    Break("nonfinite-weights", "implicit_megatron/checkpoints/integrity.py",
+          "            if value.is_floating_point() and not bool(torch.isfinite(value).all()):",
+          "            if value.is_floating_point() and not bool(torch.isfinite(value).any()):",
+          ("tests/unit/checkpoints/test_integrity.py",), "weights with a few NaN count as finite"),
+    Break("divergence-not-held", "implicit_megatron/checkpoints/layout.py",
+          "        if old != best and old.name not in held:", "        if old != best:",
+          ("tests/unit/train/test_guards.py",), "pruning deletes the checkpoint a diverging run names"),
+    Break("graphs-unverified", "implicit_megatron/implicit/core.py",
+          "        if key not in self._unverified:\n            return",
+          "        if True:\n            return",
+          ("tests/unit/implicit/test_cuda_graphs.py::test_a_graph_that_computes_something_else_is_caught_at_its_first_use",),
+          "captured graphs are used without their first-use check"),
+    Break("eviction-drops-norms", "implicit_megatron/implicit/core.py",
+          "                self._graphs = {k: g for k, g in self._graphs.items() if k == NORMS}",
+          "                self._graphs = {}",
+          ("tests/unit/implicit/test_cuda_graphs.py::test_graphs_evicted_for_many_shapes_never_read_stale_weights",),
+          "evicting shapes' graphs drops the weights' graph the solver graphs read"),
+    Break("capture-stream", "implicit_megatron/implicit/graphs.py",
+          "    finally:\n        torch.cuda.set_stream(stream)", "    finally:\n        pass",
+          ("tests/unit/implicit/test_cuda_graphs.py::test_a_capture_that_fails_at_its_end_leaves_the_run_on_its_own_stream",),
+          "a failed capture leaves the run on the capture's side stream"),
+    Break("index-cache-key", "data_pipeline/packed.py",
+          "        while block := handle.read(chunk):\n            sha.update(block)",
+          "        sha.update(handle.read(1 << 16))",
+          ("tests/unit/data_pipeline/test_packed.py",), "the index cache is keyed by the start of the .idx only"),
+    Break("progress-at-the-end", "implicit_megatron/utils/train_progress.py",
+          "        if self.shown_at is None or step >= total or now - self.shown_at >= self.every:",
+          "        if step >= total:",
+          ("tests/unit/tools/test_train_progress.py",), "a child's steps are shown only when it ends"),
+]
+
+
+def applies(b: Break, root: Path = ROOT) -> str | None:
+    """Why `b` cannot be applied to the source at `root` (None: it can)."""
+    text = (root / b.path).read_text()
+    count = text.count(b.old)
+    return None if count == 1 else f"its snippet occurs {count} times in {b.path}"
+
+
+def copy_repository(to: Path) -> None:
+    listed = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=ROOT, capture_output=True,
+                            check=True).stdout.decode().split("\0")
+    for name in filter(None, listed):
+        source = ROOT / name
+        if source.is_file():
+            (to / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, to / name)
+
+
+def run(b: Break, copy: Path, timeout: int) -> tuple[str, float]:
+    """('caught' | 'SURVIVED' | 'error: ...', seconds) for one break applied to `copy`."""
+    target = copy / b.path
+    original = target.read_text()
+    target.write_text(original.replace(b.old, b.new))
+    env = {**os.environ, "MLFLOW_DISABLE_TELEMETRY": "true", "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
+           "TOKENIZERS_PARALLELISM": "false"}
+    start = time.monotonic()
+    try:
+        result = subprocess.run([sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *b.tests],
+                                cwd=copy, env=env, capture_output=True, text=True, timeout=timeout)
+        code = result.returncode
+    except subprocess.TimeoutExpired:
+        code = None
+    finally:
+        target.write_text(original)
+    seconds = time.monotonic() - start
+    if code == 1:
+        return "caught", seconds
+    if code == 0:
+        return "SURVIVED", seconds
+    return ("error: timed out" if code is None else f"error: pytest exit status {code}"), seconds
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--only", default=None, help="comma-separated break names")
+    parser.add_argument("--list", action="store_true", help="list the breaks and exit")
+    parser.add_argument("--timeout", type=int, default=900, help="seconds for one break's tests")
+    args = parser.parse_args(argv)
+    chosen = BREAKS
+    if args.only:
+        names = args.only.split(",")
+        unknown = [n for n in names if n not in {b.name for b in BREAKS}]
+        if unknown:
+            parser.error(f"unknown break(s) {', '.join(unknown)}; --list shows them")
+        chosen = [b for b in BREAKS if b.name in names]
+    if args.list:
+        for b in chosen:
+            print(f"{b.name:<28} {b.path:<48} {b.what}")
+        return 0
+    rows, failed = [], False
+    with tempfile.TemporaryDirectory(prefix="mutation-check-") as folder:
+        copy = Path(folder)
+        copy_repository(copy)
+        for b in chosen:
+            problem = applies(b, copy)
+            outcome, seconds = (f"error: {problem}", 0.0) if problem else run(b, copy, args.timeout)
+            failed |= outcome != "caught"
+            rows.append((b.name, b.path, ", ".join(t.rsplit("/", 1)[-1] for t in b.tests), outcome, seconds))
+            print(f"{b.name}: {outcome} ({seconds:.0f} s)", file=sys.stderr, flush=True)
+    print("| break | file | tests | outcome | s |\n| --- | --- | --- | --- | --- |")
+    for name, path, tests, outcome, seconds in rows:
+        print(f"| {name} | {path} | {tests} | {outcome} | {seconds:.0f} |")
+    caught = sum(row[3] == "caught" for row in rows)
+    print(f"\n{caught} of {len(rows)} breaks caught")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
