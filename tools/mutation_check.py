@@ -40,8 +40,15 @@ class Break:
 
 BREAKS = [
     Break("solver-stop-rule", "implicit_megatron/implicit/solver.py",
-          "            if agreed_max(residual, group) < tol:", "            if agreed_max(residual, group) > tol:",
+          "            if agreed_max(residual.masked_fill(~active, 0), group) < tol:",
+          "            if agreed_max(residual.masked_fill(~active, 0), group) > tol:",
           ("tests/unit/implicit/test_solver.py",), "the free phase stops when the residual is above the tolerance"),
+    Break("token-row-stop", "implicit_megatron/implicit/token_solve.py",
+          "            active &= ~(r < tol)", "            active &= ~(r.masked_fill(~active, 0).max() < tol)",
+          ("tests/unit/implicit/test_padded_batches.py",), "sequential mode stops every row at the batch's residual"),
+    Break("sample-stop", "implicit_megatron/implicit/solver.py",
+          "                active &= ~(residual < tol)", "                active &= ~(residual.max() < tol)",
+          ("tests/unit/implicit/test_padded_batches.py",), "eval_stop=sequence stops every sample at the batch's"),
     Break("phantom-damping", "implicit_megatron/implicit/phantom.py",
           "z = f_z if damping == 1.0 else (1.0 - damping) * z + damping * f_z",
           "z = f_z if damping == 1.0 else damping * z + (1.0 - damping) * f_z",

@@ -103,6 +103,16 @@ class ImplicitConfig:
     # A bounded phase's evaluation stops at eval_tol (as the released (4+1) models are evaluated);
     # null evaluates it at its fixed depth max_iter. Free phases evaluate at their own tol.
     eval_tol: float | None = 0.05
+    # simultaneous-mode evaluation: batch = the paper's one stop test over the batch (a sequence's result
+    # depends on its neighbours); sequence = each sequence stops at its own residual. Training always
+    # uses the batch-wide rule.
+    eval_stop: Literal["batch", "sequence"] = "batch"
+    # sequential mode (generation): row = each row stops at its own residual, frozen while the others
+    # iterate (its tokens and passes are those it has alone); batch = the released code's one stop test
+    # over the batch, to reproduce its runs on batches
+    sequential_stop: Literal["row", "batch"] = "row"
+    # sequential mode: start token t's solve from token t-1's fixed point instead of zero
+    warm_start: bool = False
     injection: bool = True  # the shared input-injection module
     weight_norm: bool = False  # weight normalisation of the backbone's Linear and Conv1d layers (released)
     weight_norm_injection: bool = False  # weight norm on the injection's Linear too (released)

@@ -21,7 +21,7 @@ class SequentialResult:
     seq_len: int
     nll: torch.Tensor  # (windows, seq_len) float64
     predictions: torch.Tensor  # (windows, seq_len) int64, greedy over the real vocabulary
-    passes: torch.Tensor  # (windows, seq_len) solver passes of each token (shared by a batch)
+    passes: torch.Tensor  # (windows, seq_len) solver passes of each token
     residual: torch.Tensor  # (windows, seq_len) final relative residual of each token
 
     @property
@@ -41,7 +41,7 @@ def run_sequential(model: LanguageModel, windows: torch.Tensor, batch_size: int)
         loss = F.cross_entropy(logits.float().flatten(0, 1), labels.flatten(), reduction="none")
         nll.append(loss.view(labels.shape).double().cpu())
         greedy.append(logits[..., :model.vocab_size].argmax(-1).cpu())
-        passes.append(torch.tensor([s.passes for s in stats], dtype=torch.float64).expand(len(batch), -1))
+        passes.append(torch.stack([s.passes_per_sample.double().cpu() for s in stats], dim=1))
         residual.append(torch.stack([s.residual.double().cpu() for s in stats], dim=1))
     return SequentialResult(windows.shape[1] - 1, torch.cat(nll), torch.cat(greedy), torch.cat(passes),
                             torch.cat(residual))

@@ -45,12 +45,12 @@ def evaluate_words(model: LanguageModel, words: torch.Tensor, labels: torch.Tens
         if sequential:
             z, _, stats = model.core.forward_sequential(model.embedding(x))
             logits = model.logits(z)
-            passes += [s.passes for s in stats]
+            passes += [s.passes_per_sample.double().mean().item() for s in stats]
             converged += sum(s.converged.double().sum().item() for s in stats) / len(stats)
         else:
             logits = model(x)
             stats = model.core.last_stats if model.core.implicit else None
-            passes.append(stats.passes if stats is not None else 1)
+            passes.append(stats.passes_per_sample.double().mean().item() if stats is not None else 1)
             converged += stats.converged.double().sum().item() if stats is not None else len(x)
         hits = (logits[..., :model.vocab_size].argmax(-1) == y).double()
         correct += hits.sum().item()

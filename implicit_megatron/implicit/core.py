@@ -24,6 +24,8 @@ from implicit_megatron.implicit import weight_norm
 from implicit_megatron.implicit.injection import Injection
 from implicit_megatron.implicit.phantom import phantom_steps
 from implicit_megatron.implicit.solver import SolverStats, relative_residual, released_solve, solve, solve_with
+from implicit_megatron.implicit.token_solve import released_token, solve_token
+from implicit_megatron.models.backbone import commit_state
 
 logger = logging.getLogger(__name__)
 
@@ -54,11 +56,15 @@ class SolverSettings:
     eval_tol: float | None = None  # where a bounded phase's evaluation stops; None: at its fixed depth
     eval_rule: str = "released"  # implicit.solver.released_solve at evaluation; "solver": the training solver
     eval_max_iter: int | None = None  # the evaluation cap; None: max_iter x eval_factor
+    eval_stop: str = "batch"  # simultaneous-mode evaluation: "batch" (one stop test) or "sequence" (each its own)
+    warm_start: bool = False  # sequential mode: token t's solve starts from token t-1's fixed point
+    sequential_stop: str = "row"  # sequential mode: "row" (each its own) or "batch" (the released code's)
 
     @classmethod
     def from_config(cls, cfg: ImplicitConfig) -> SolverSettings:
         return cls(cfg.max_iter, cfg.tol, cfg.phantom_steps, cfg.damping, cfg.eval_factor, cfg.gradient,
-                   cfg.anderson, cfg.eval_tol, cfg.eval_rule, cfg.eval_max_iter)
+                   cfg.anderson, cfg.eval_tol, cfg.eval_rule, cfg.eval_max_iter, cfg.eval_stop, cfg.warm_start,
+                   cfg.sequential_stop)
 
     def stop_tol(self, training: bool) -> float | None:
         """The tolerance the solver stops at: the phase's own; a bounded phase's evaluation stops at
@@ -74,6 +80,10 @@ class SolverSettings:
 
     def released_eval(self, training: bool) -> bool:
         return not training and self.eval_rule == "released"
+
+    def per_sample(self, training: bool) -> bool:
+        """Whether each sample stops on its own residual (evaluation with eval_stop="sequence")."""
+        return not training and self.eval_stop == "sequence"
 
 
 class ImplicitCore(nn.Module):
@@ -121,32 +131,39 @@ class ImplicitCore(nn.Module):
 
     # ------------------------------------------------------------------ simultaneous mode
 
-    def forward(self, x: torch.Tensor, seq_idx: torch.Tensor | None = None) -> torch.Tensor:
-        if self._use_graphs(x, seq_idx):
+    def forward(self, x: torch.Tensor, seq_idx: torch.Tensor | None = None,
+                keep: torch.Tensor | None = None) -> torch.Tensor:
+        """`keep` (B, T) bool, false at padding (which seq_idx must hold in documents of its own, see
+        models.padding): z is zero there in every pass, so padding never counts in a stop rule."""
+        if keep is None and self._use_graphs(x, seq_idx):
             try:
                 return self._graphed(x, seq_idx)
             except _CaptureFailed:
                 pass  # logged; this and every later forward run eagerly
-        return self._eager(x, seq_idx)
+        return self._eager(x, seq_idx, keep)
 
-    def _eager(self, x: torch.Tensor, seq_idx: torch.Tensor | None) -> torch.Tensor:
+    def _eager(self, x: torch.Tensor, seq_idx: torch.Tensor | None, keep: torch.Tensor | None = None) -> torch.Tensor:
+        keep = None if keep is None else keep[..., None].to(x.dtype)
         if not self.implicit:
-            return self.backbone(x, None, seq_idx=seq_idx)
+            z = self.backbone(x, None, seq_idx=seq_idx)
+            return z if keep is None else z * keep
         inj = self.injection(x) if self.injection is not None else None
         s = self.settings
 
         def f(z: torch.Tensor) -> torch.Tensor:
-            return self.backbone(z, inj, seq_idx=seq_idx)
+            f_z = self.backbone(z, inj, seq_idx=seq_idx)
+            return f_z if keep is None else f_z * keep
 
         z0 = torch.zeros_like(x)
         if s.gradient != "phantom" and torch.is_grad_enabled():
             return self._unrolled(f, z0, s.damping if s.gradient == "unrolled_damped" else 1.0)
         cap, tol = s.cap(self.training), s.stop_tol(self.training)
         with self._timed("solve"), torch.no_grad(), self._weights_once(with_gradient=False):
+            per_sample = s.per_sample(self.training)
             if s.released_eval(self.training):  # the paper's evaluation
-                z, self.last_stats = released_solve(f, z0, cap, tol, s.damping, self.group)
+                z, self.last_stats = released_solve(f, z0, cap, tol, s.damping, self.group, per_sample=per_sample)
                 return z
-            z_star, stats = solve(f, z0, cap, tol, s.anderson, self.group)
+            z_star, stats = solve(f, z0, cap, tol, s.anderson, self.group, per_sample)
         if not self._finish_solve(stats):  # evaluation returns the fixed point itself, as torchdeq does
             return z_star
         with self._timed("phantom"), self._weights_once(with_gradient=True):
@@ -213,7 +230,7 @@ class ImplicitCore(nn.Module):
         with self._timed("solve"):
             solver.start(inj, seq_idx)
             z_star, stats = solve_with(solver.step, z0, s.cap(self.training), s.stop_tol(self.training),
-                                       s.anderson, self.group)
+                                       s.anderson, self.group, s.per_sample(self.training))
             z_star, stats.residual = z_star.clone(), stats.residual.clone()
         self._verify(key, lambda: solver.verify(z_star), x.dtype)
         if not self._finish_solve(stats):
@@ -334,55 +351,67 @@ class ImplicitCore(nn.Module):
     # ------------------------------------------------------------------ sequential mode
 
     @torch.no_grad()
-    def forward_sequential(self, x: torch.Tensor, state=None, max_len: int | None = None
+    def forward_sequential(self, x: torch.Tensor, state=None, max_len: int | None = None,
+                           mask: torch.Tensor | None = None, last: torch.Tensor | None = None
                            ) -> tuple[torch.Tensor, object, list[SolverStats]]:
         """Process x (B, T, d) one token at a time; returns z (B, T, d), the committed state and
         per-token statistics. `state` continues a previous call (generation); None starts a fresh
         one with room for `max_len` tokens (default T; Llama's KV cache needs it, Mamba2's state is
-        constant in size). Packed documents are not separated here: pass one document per row."""
+        constant in size). Packed documents are not separated here: pass one document per row.
+
+        `mask` (B, T), 1 for real tokens and 0 for padding, anywhere in a row: padding never enters
+        a row's state, and z at a padded position repeats the row's last real z (zeros before any),
+        so a row's output is what its real tokens alone give. `last` (B, d) is that z from the
+        previous call: the warm start's first iterate (`warm_start`) and what leading padding repeats.
+        """
         batch, length, _ = x.shape
         if state is None:
             state = self.backbone.allocate_state(batch, max_len or length, device=x.device, dtype=x.dtype)
         inj = self.injection(x) if self.implicit and self.injection is not None else None
+        warm = self.implicit and self.settings.warm_start
+        last = torch.zeros_like(x[:, 0]) if last is None else last
         outputs, stats = [], []
         for t in range(length):
             inj_t = inj[:, t] if inj is not None else None
-            z_t, state, token_stats = self.step(x[:, t], inj_t, state)
+            real = mask[:, t].to(x.device, torch.bool) if mask is not None else None
+            z_t, state, token_stats = self.step(x[:, t], inj_t, state, real, start=last if warm else None)
+            if real is not None:
+                z_t = torch.where(real[:, None], z_t, last)
             outputs.append(z_t)
             stats.append(token_stats)
+            last = z_t
         return torch.stack(outputs, dim=1), state, stats
 
     @torch.no_grad()
-    def step(self, x_t: torch.Tensor, inj_t: torch.Tensor | None, state) -> tuple[torch.Tensor, object, SolverStats]:
-        """One token: iterate under the committed `state`, then return (z_t, new committed state)."""
+    def step(self, x_t: torch.Tensor, inj_t: torch.Tensor | None, state, real: torch.Tensor | None = None,
+             start: torch.Tensor | None = None) -> tuple[torch.Tensor, object, SolverStats]:
+        """One token: iterate under the committed `state`, then return (z_t, new committed state).
+
+        Each row stops on its own residual (implicit.token_solve). `real` (B,) is false where the
+        token is padding: that row is not iterated and keeps its state. `start` is the first iterate
+        (warm start), zeros otherwise."""
+        real = torch.ones(x_t.shape[0], dtype=torch.bool, device=x_t.device) if real is None else real
         if not self.implicit:
-            z_t, state = self.backbone.step(x_t, state, None)
-            return z_t, state, SolverStats(1, torch.zeros(x_t.shape[0]), torch.ones(x_t.shape[0], dtype=torch.bool))
+            z_t, candidate = self.backbone.step(x_t, state, None)
+            stats = SolverStats(1, torch.zeros(x_t.shape[0]), torch.ones_like(real), row_passes=real.long())
+            return z_t, commit_state(candidate, real, state), stats
         s = self.settings
         cap, tol = s.cap(self.training), s.stop_tol(self.training)
+        z0 = torch.zeros_like(x_t) if start is None else start
+
+        def step(z: torch.Tensor):
+            return self.backbone.step(z, state, inj_t)
+
+        batch_wide = s.sequential_stop == "batch"
         if s.released_eval(self.training):  # the released per-token rule; the state of the last pass
-            committed = []
-
-            def f_t(z: torch.Tensor) -> torch.Tensor:
-                f_z, new_state = self.backbone.step(z, state, inj_t)
-                committed[:] = [new_state]
-                return f_z
-
-            z, stats = released_solve(f_t, torch.zeros_like(x_t), cap, tol, s.damping, over_ranks=False)
-            return z, committed[0], stats
-        z, passes = torch.zeros_like(x_t), 0
-        residual = torch.zeros(x_t.shape[0], device=x_t.device)
-        candidate = state
-        while passes < cap:
-            passes += 1
-            f_z, candidate = self.backbone.step(z, state, inj_t)
-            residual = relative_residual(f_z, z)
-            z = f_z
-            if tol is not None and residual.max().item() < tol:
-                break
-        phantom = s.phantom_steps if self.training else 0  # as in simultaneous mode
-        for _ in range(phantom):
-            f_z, candidate = self.backbone.step(z, state, inj_t)
-            z = (1.0 - s.damping) * z + s.damping * f_z
-        converged = residual < tol if tol is not None else torch.ones_like(residual, dtype=torch.bool)
-        return z, candidate, SolverStats(passes, residual, converged, phantom_passes=phantom)
+            z, candidate, stats = released_token(step, z0, real, cap, tol, s.damping, batch_wide)
+        else:
+            z, candidate, stats = solve_token(step, z0, real, cap, tol, batch_wide)
+            if self.training and s.phantom_steps:  # as in simultaneous mode (no gradient here)
+                for _ in range(s.phantom_steps):
+                    f_z, candidate = step(z)
+                    z = (1.0 - s.damping) * z + s.damping * f_z
+                stats.phantom_passes = s.phantom_steps
+        if candidate is None:  # every row was padding
+            return z, state, stats
+        return z, commit_state(candidate, real, state), stats

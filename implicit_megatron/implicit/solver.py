@@ -31,6 +31,14 @@ class SolverStats:
     residual: torch.Tensor  # (B,) relative residual of the last pass
     converged: torch.Tensor  # (B,) bool: residual < tol (all True in a bounded phase)
     phantom_passes: int = 0  # passes with gradient that followed
+    row_passes: torch.Tensor | None = None  # (B,) passes of each sample, where samples stop on their own
+
+    @property
+    def passes_per_sample(self) -> torch.Tensor:
+        """(B,) passes without gradient of each sample (all `passes` under a batch-wide stop)."""
+        if self.row_passes is not None:
+            return self.row_passes
+        return torch.full(self.residual.shape, self.passes, dtype=torch.long, device=self.residual.device)
 
     @property
     def total_passes(self) -> int:
@@ -73,18 +81,22 @@ def eager_step(f: Function) -> Step:
 
 @torch.no_grad()
 def solve(f: Function, z0: torch.Tensor, max_iter: int, tol: float | None,
-          anderson: AndersonSettings | None = None,
-          group: dist.ProcessGroup | None = None) -> tuple[torch.Tensor, SolverStats]:
+          anderson: AndersonSettings | None = None, group: dist.ProcessGroup | None = None,
+          per_sample: bool = False) -> tuple[torch.Tensor, SolverStats]:
     """Iterate F from z0; return the last F(z) and statistics. Every pass calls F exactly once."""
-    return solve_with(eager_step(f), z0, max_iter, tol, anderson, group)
+    return solve_with(eager_step(f), z0, max_iter, tol, anderson, group, per_sample)
 
 
 @torch.no_grad()
 def solve_with(step: Step, z0: torch.Tensor, max_iter: int, tol: float | None,
-               anderson: AndersonSettings | None = None,
-               group: dist.ProcessGroup | None = None) -> tuple[torch.Tensor, SolverStats]:
+               anderson: AndersonSettings | None = None, group: dist.ProcessGroup | None = None,
+               per_sample: bool = False) -> tuple[torch.Tensor, SolverStats]:
     """`solve` over a pass `step(z, need_residual) -> (F(z), residual or None)`. With a tolerance it
     returns, per sample, the iterate of lowest residual (see `_keep_lowest`).
+
+    `per_sample` (evaluation): each sample keeps what it had at the first pass where its own
+    residual fell below tol, as it would alone, and the solve ends when every sample has (on
+    every rank); otherwise the batch's largest residual stops all samples at once.
 
     A step may return F(z) in a buffer that its next call overwrites (a replayed CUDA graph), so the
     residual comes from the step itself, and Anderson mixing keeps its own copies. A bounded phase
@@ -97,25 +109,31 @@ def solve_with(step: Step, z0: torch.Tensor, max_iter: int, tol: float | None,
         ones = torch.ones(z0.shape[0], dtype=torch.bool, device=z0.device)
         return z0, SolverStats(0, torch.zeros(z0.shape[0], device=z0.device), ones)
     z, passes, best = z0, 0, None
+    active = torch.ones(z0.shape[0], dtype=torch.bool, device=z0.device)
+    row_passes = torch.zeros(z0.shape[0], dtype=torch.long, device=z0.device)
     while passes < max_iter:
         passes += 1
         last = passes == max_iter
         f_z, residual = step(z, tol is not None or last)
+        row_passes += active
         if tol is not None:
-            best = _keep_lowest(best, f_z, residual)
-            if agreed_max(residual, group) < tol:
+            best = _keep_lowest(best, f_z, residual, active if per_sample else None)
+            if per_sample:
+                active &= ~(residual < tol)
+            if agreed_max(residual.masked_fill(~active, 0), group) < tol:
                 break
         if not last:
             z = history.next_iterate(z, f_z.clone()) if history is not None else f_z
     if best is not None:
         f_z, residual = best
     converged = residual < tol if tol is not None else torch.ones_like(residual, dtype=torch.bool)
-    return f_z, SolverStats(passes, residual, converged)
+    return f_z, SolverStats(passes, residual, converged, row_passes=row_passes if per_sample else None)
 
 
 @torch.no_grad()
 def released_solve(f: Function, z0: torch.Tensor, cap: int, tol: float | None, damping: float,
-                   group: dist.ProcessGroup | None = None, over_ranks: bool = True) -> tuple[torch.Tensor, SolverStats]:
+                   group: dist.ProcessGroup | None = None, over_ranks: bool = True,
+                   per_sample: bool = False) -> tuple[torch.Tensor, SolverStats]:
     """The released evaluation rule: from z = z0, up to cap - 1 times
 
         z_next = F(z);  r = ||z_next - z|| / (1e-6 + ||z||);  z = (1 - damping) z + damping z_next;
@@ -124,35 +142,50 @@ def released_solve(f: Function, z0: torch.Tensor, cap: int, tol: float | None, d
     with the norms over the whole batch (the data-parallel group's, agreed over the ranks when
     `over_ranks`), then one undamped pass: F(z) is returned. At most `cap` passes in all. The
     statistics hold the same ratio per sample, for the metrics; the stop test is the batch's.
+    `per_sample` (evaluation): the stop test is each sample's own ratio; a sample that passed it
+    is frozen while the others go on (until every sample has, on every rank), then one undamped
+    pass of all: each sample gets what it would alone.
     """
     z, loops, residual = z0, 0, torch.zeros(z0.shape[0], device=z0.device)
+    active = torch.ones(z0.shape[0], dtype=torch.bool, device=z0.device)
+    row_loops = torch.zeros(z0.shape[0], dtype=torch.long, device=z0.device)
     dtype = torch.promote_types(z0.dtype, torch.float32)
     while loops < cap - 1:
         loops += 1
         z_next = f(z)
         diff_sq = torch.linalg.vector_norm((z_next - z).flatten(1), dim=1, dtype=dtype).square()
         norm_sq = torch.linalg.vector_norm(z.flatten(1), dim=1, dtype=dtype).square()
-        residual = diff_sq.sqrt() / (1e-6 + norm_sq.sqrt())
-        z = (1 - damping) * z + damping * z_next
-        if tol is not None:
+        ratio = diff_sq.sqrt() / (1e-6 + norm_sq.sqrt())
+        residual = torch.where(active, ratio, residual)
+        z = torch.where(active.view(-1, *[1] * (z.dim() - 1)), (1 - damping) * z + damping * z_next, z)
+        row_loops += active
+        if tol is None:
+            continue
+        if per_sample:
+            active &= ~(ratio < tol)
+            totals = active.any().to(dtype).reshape(1)  # summed over the ranks: 0 when all stopped
+        else:
             totals = torch.stack([diff_sq.sum(), norm_sq.sum()])
-            if over_ranks and dist.is_available() and dist.is_initialized() and dist.get_world_size(group) > 1:
-                dist.all_reduce(totals, group=group)
-            if (totals[0].sqrt() / (1e-6 + totals[1].sqrt())).item() < tol:
-                break
+        if over_ranks and dist.is_available() and dist.is_initialized() and dist.get_world_size(group) > 1:
+            dist.all_reduce(totals, group=group)
+        if (totals[0] == 0 if per_sample else totals[0].sqrt() / (1e-6 + totals[1].sqrt()) < tol).item():
+            break
     converged = residual < tol if tol is not None else torch.ones_like(residual, dtype=torch.bool)
-    return f(z), SolverStats(loops + 1, residual, converged)
+    row_passes = row_loops + 1 if per_sample else None
+    return f(z), SolverStats(loops + 1, residual, converged, row_passes=row_passes)
 
 
-def _keep_lowest(best, f_z: torch.Tensor, residual: torch.Tensor):
+def _keep_lowest(best, f_z: torch.Tensor, residual: torch.Tensor, active: torch.Tensor | None = None):
     """Per sample, the iterate of lowest residual so far and that residual: a solve that stops at
     a tolerance returns it, as the released code's solver (torchdeq) does. Where the residual
     falls monotonically this is the last iterate; where the cap is hit on an oscillating sample
-    it is the best one seen."""
+    it is the best one seen. Samples not `active` (stopped on their own) keep what they have."""
     if best is None:
         return f_z.clone(), residual.clone()
     kept, kept_residual = best
     better = residual < kept_residual
+    if active is not None:
+        better &= active
     return (torch.where(better.view(-1, *[1] * (f_z.dim() - 1)), f_z, kept),
             torch.where(better, residual, kept_residual))
 

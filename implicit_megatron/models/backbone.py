@@ -29,6 +29,17 @@ LayerState = Mamba2State | KVCache
 BackboneState = tuple[LayerState, ...]
 
 
+def select_state(rows: torch.Tensor, state: BackboneState, other: BackboneState) -> BackboneState:
+    """Per row: `state` where `rows` (B,) is true, else `other` (two candidates for the same token)."""
+    return tuple(mine.select(rows, theirs) for mine, theirs in zip(state, other, strict=True))
+
+
+def commit_state(candidate: BackboneState, real: torch.Tensor, before: BackboneState) -> BackboneState:
+    """The state after a token that was padding where `real` (B,) is false: those rows keep `before`
+    (Mamba2's conv and SSM states; Llama's positions, the token's KV slot marked absent)."""
+    return tuple(mine.commit(real, old) for mine, old in zip(candidate, before, strict=True))
+
+
 class Mamba2Block(nn.Module):
     """Pre-norm residual block: z + mixer(norm(z)), as mamba_ssm's Block without an MLP."""
 

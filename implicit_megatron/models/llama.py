@@ -31,13 +31,21 @@ class KVCache:
     model's fixed-point iteration) and committing any of the candidates is exact, while each step
     copies O(1) data. What is not supported is stepping a discarded sibling after a descendant of
     its sibling was stepped: states of one sequence share the buffers.
+
+    Rows of a batch may hold padding (prompts of different lengths): `real` (B, capacity) says which
+    slots hold a row's real tokens (attention reads only those), `positions` (B,) each row's count of
+    real tokens, the RoPE position of its next token. A step treats its token as real; `commit`
+    marks it absent for the rows where it was padding.
     """
 
     k: torch.Tensor
     v: torch.Tensor
+    positions: torch.Tensor  # (B,) int64
+    real: torch.Tensor  # (B, capacity) bool
     length: int = 0
     last_k: torch.Tensor | None = None
     last_v: torch.Tensor | None = None
+    last_real: torch.Tensor | None = None  # (B,) bool: whether the last token is real, per row
 
     def with_room(self, tokens: int) -> KVCache:
         """This cache with buffers of at least `tokens` slots: when full, copied into buffers of twice
@@ -47,9 +55,24 @@ class KVCache:
         if capacity >= tokens:
             return self
         b, heads, _, hd = self.k.shape
-        k, v = (buffer.new_zeros(b, heads, max(tokens, 2 * capacity), hd) for buffer in (self.k, self.v))
+        grown = max(tokens, 2 * capacity)
+        k, v = (buffer.new_zeros(b, heads, grown, hd) for buffer in (self.k, self.v))
         k[:, :, :capacity], v[:, :, :capacity] = self.k, self.v
-        return replace(self, k=k, v=v)
+        real = self.real.new_zeros(b, grown)
+        real[:, :capacity] = self.real
+        return replace(self, k=k, v=v, real=real)
+
+    def select(self, rows: torch.Tensor, other: KVCache) -> KVCache:
+        """Per row: this candidate where `rows` (B,) is true, else `other`, a candidate for the same token."""
+        pick = {name: torch.where(rows.view(-1, *[1] * (getattr(self, name).dim() - 1)), getattr(self, name),
+                                  getattr(other, name))
+                for name in ("last_k", "last_v", "last_real", "positions") if getattr(self, name) is not None}
+        return replace(self, **pick)
+
+    def commit(self, real: torch.Tensor, before: KVCache) -> KVCache:
+        """The state after this token, which was padding where `real` (B,) is false: those rows keep
+        the position they had `before`, and the token's slot is not attended to."""
+        return replace(self, last_real=real.clone(), positions=torch.where(real, self.positions, before.positions))
 
 
 def rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -166,24 +189,27 @@ class LlamaAttention(nn.Module):
         if t >= cache.k.shape[2]:
             raise RuntimeError(f"KV cache full: capacity {cache.k.shape[2]} tokens")
         q, k, v = self._qkv(x_t, inj_t)  # (B, heads, hd)
-        cos, sin = rope_cos_sin(torch.tensor(t, device=x_t.device), self.head_dim, self.rope_theta, q.dtype)
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        cos, sin = rope_cos_sin(cache.positions, self.head_dim, self.rope_theta, q.dtype)  # each row's position
+        q, k = apply_rope(q, cos[:, None], sin[:, None]), apply_rope(k, cos[:, None], sin[:, None])
         if t > 0:
             with torch.no_grad():  # idempotent: the given state's own last token into its slot
                 cache.k[:, :, t - 1] = cache.last_k
                 cache.v[:, :, t - 1] = cache.last_v
+                cache.real[:, t - 1] = cache.last_real
 
-        # Scores against the cached past and against the token itself, one softmax over both.
+        # Scores against the cached past (a row's real tokens only) and against the token itself,
+        # one softmax over both.
         rep, hd = self.n_heads // self.n_kv_heads, self.head_dim
         cd = compute_dtype(q.dtype)
         qg = q.view(b, self.n_kv_heads, rep, hd).to(cd) * hd ** -0.5
         past_k, past_v = cache.k[:, :, :t].to(cd), cache.v[:, :, :t].to(cd)  # (B, kv, t, hd)
-        scores = torch.cat([torch.einsum("bgrd,bgsd->bgrs", qg, past_k),
-                            torch.einsum("bgrd,bgd->bgr", qg, k.to(cd))[..., None]], dim=-1)
+        past = torch.einsum("bgrd,bgsd->bgrs", qg, past_k).masked_fill(~cache.real[:, None, None, :t], float("-inf"))
+        scores = torch.cat([past, torch.einsum("bgrd,bgd->bgr", qg, k.to(cd))[..., None]], dim=-1)
         p = scores.softmax(dim=-1)
         y = torch.einsum("bgrs,bgsd->bgrd", p[..., :t], past_v) + p[..., t:] * v.to(cd)[:, :, None]
         out = self.o_proj(y.reshape(b, self.q_dim).to(x_t.dtype))
-        new = KVCache(cache.k, cache.v, t + 1, k.to(cache.k.dtype), v.to(cache.v.dtype))
+        new = KVCache(cache.k, cache.v, cache.positions + 1, cache.real, t + 1, k.to(cache.k.dtype),
+                      v.to(cache.v.dtype), torch.ones_like(cache.positions, dtype=torch.bool))
         return out, new
 
 
@@ -241,7 +267,9 @@ class LlamaDecoderLayer(nn.Module):
         device = weight.device if device is None else device
         dtype = weight.dtype if dtype is None else dtype
         shape = (batch_size, self.self_attn.n_kv_heads, max_seq_len, self.self_attn.head_dim)
-        return KVCache(torch.zeros(shape, device=device, dtype=dtype), torch.zeros(shape, device=device, dtype=dtype))
+        return KVCache(torch.zeros(shape, device=device, dtype=dtype), torch.zeros(shape, device=device, dtype=dtype),
+                       torch.zeros(batch_size, dtype=torch.long, device=device),
+                       torch.zeros(batch_size, max_seq_len, dtype=torch.bool, device=device))
 
     def step(self, z_t: torch.Tensor, state: KVCache,
              inj_t: torch.Tensor | None = None) -> tuple[torch.Tensor, KVCache]:

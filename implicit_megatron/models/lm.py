@@ -18,6 +18,7 @@ from torch import nn
 from implicit_megatron.config import ModelConfig
 from implicit_megatron.models.backbone import Backbone
 from implicit_megatron.models.loss import linear_cross_entropy
+from implicit_megatron.models.padding import has_padding, padded_core
 
 
 class LanguageModel(nn.Module):
@@ -51,14 +52,20 @@ class LanguageModel(nn.Module):
         return z @ self.head_weight.t()
 
     def forward(self, input_ids: torch.Tensor, seq_idx: torch.Tensor | None = None,
-                labels: torch.Tensor | None = None) -> torch.Tensor:
-        """input_ids (B, T) -> logits (B, T, padded_vocab_size); seq_idx (B, T) separates packed documents.
+                labels: torch.Tensor | None = None, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """input_ids (B, T) -> logits (B, T, padded_vocab_size); seq_idx (B, T) separates packed documents;
+        attention_mask (B, T) is 0 at padding (prompts of different lengths, see models.padding).
 
         With labels (B, T) it returns the mean cross-entropy instead, computed chunk by chunk so that
         the logits of the whole batch never exist (models.loss; labels of -100 are ignored).
         """
         x = self.embedding_dropout(self.embedding(input_ids))
-        z = self.core(x) if seq_idx is None else self.core(x, seq_idx=seq_idx)
+        if has_padding(attention_mask):
+            if seq_idx is not None:
+                raise ValueError("attention_mask with padding and seq_idx (packed documents): pass one of them")
+            z = padded_core(self.core, x, attention_mask)
+        else:
+            z = self.core(x) if seq_idx is None else self.core(x, seq_idx=seq_idx)
         if labels is not None:
             return linear_cross_entropy(z, self.head_weight, labels)
         return self.logits(z)

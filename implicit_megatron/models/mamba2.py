@@ -38,6 +38,16 @@ class Mamba2State:
     conv: torch.Tensor
     ssm: torch.Tensor
 
+    def select(self, rows: torch.Tensor, other: Mamba2State) -> Mamba2State:
+        """Per row: this state where `rows` (B,) is true, else `other`."""
+        return Mamba2State(torch.where(rows[:, None, None], self.conv, other.conv),
+                           torch.where(rows[:, None, None, None], self.ssm, other.ssm))
+
+    def commit(self, real: torch.Tensor, before: Mamba2State) -> Mamba2State:
+        """The state after this token, which was padding where `real` (B,) is false: those rows keep
+        the state they had `before` (padding never enters a row's recurrent state)."""
+        return self.select(real, before)
+
 
 class Mamba2(nn.Module):
     """mamba_ssm's Mamba2 mixer (same keywords; `d_ssm < d_inner` and tensor parallelism excepted).
