@@ -30,6 +30,7 @@ from implicit_megatron.utils.whole_folder import written_whole
 
 MODEL_FILE, CONFIG_FILE, MODELING_FILE = "model.safetensors", "config.json", "modeling_implicit_megatron.py"
 CONFIG_KEY = "implicit_megatron"
+REPOSITORY = Path(__file__).resolve().parents[2]
 AUTO_MAP = {"AutoConfig": "modeling_implicit_megatron.ImplicitMegatronConfig",  # classes of MODELING_FILE
             "AutoModelForCausalLM": "modeling_implicit_megatron.ImplicitMegatronForCausalLM"}
 
@@ -52,8 +53,8 @@ def _write_files(out: Path, model: LanguageModel, cfg: Config, dtype: torch.dtyp
     os.chmod(out / MODEL_FILE, 0o666 & ~umask)  # safetensors writes 0600; others on a cluster must read it
     eod_id = write_tokenizer(Path(cfg.data.tokenizer), out)
     hf = {"architectures": ["ImplicitMegatronForCausalLM"], "model_type": "implicit_megatron", "auto_map": AUTO_MAP,
-          "torch_dtype": str(dtype).removeprefix("torch."), **generation_fields(cfg, eod_id),
-          CONFIG_KEY: cfg.to_dict()}
+          "torch_dtype": str(dtype).removeprefix("torch."), **model_fields(cfg), **generation_fields(cfg, eod_id),
+          CONFIG_KEY: portable(cfg.to_dict())}
     (out / CONFIG_FILE).write_text(json.dumps(hf, indent=2))
     write_modeling_file(out)
 
@@ -61,6 +62,36 @@ def _write_files(out: Path, model: LanguageModel, cfg: Config, dtype: torch.dtyp
 def write_modeling_file(out: Path) -> None:
     """The file config.json's AUTO_MAP names: hf/remote_code.py, which imports the installed classes."""
     shutil.copy(Path(__file__).with_name("remote_code.py"), out / MODELING_FILE)
+
+
+def model_fields(cfg: Config) -> dict:
+    """The top-level fields that transformers and tools built on it read from any causal LM's config:
+    the width of the logits (padding rows included), the model's size, and the length it was
+    trained at as `max_position_embeddings` (neither backbone has a limit; tools size windows by it)."""
+    m = cfg.model
+    fields = {"vocab_size": m.padded_vocab_size, "hidden_size": m.d_model, "num_hidden_layers": m.n_layers,
+              "max_position_embeddings": cfg.data.seq_len, "tie_word_embeddings": m.tie_embeddings}
+    if m.arch == "llama":
+        fields.update(num_attention_heads=m.llama.n_heads, num_key_value_heads=m.llama.n_kv_heads or m.llama.n_heads,
+                      intermediate_size=m.ffn_dim, rope_theta=m.llama.rope_theta)
+    return fields
+
+
+def portable(value):
+    """The run config without the writing machine's absolute paths: a path under the working
+    directory or this repository becomes relative to it, any other keeps its last two parts after
+    '.../' (what it was, not where)."""
+    if isinstance(value, dict):
+        return {k: portable(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [portable(v) for v in value]
+    if isinstance(value, str) and os.path.isabs(value):
+        path = Path(value)
+        for base in (Path.cwd(), REPOSITORY):
+            if path.is_relative_to(base):
+                return str(path.relative_to(base))
+        return ".../" + "/".join(path.parts[-2:])
+    return value
 
 
 def generation_fields(cfg: Config, eod_id: int | None) -> dict:
@@ -78,9 +109,12 @@ def write_tokenizer(source: Path, out: Path) -> int | None:
     """The run's tokenizer as transformers' AutoTokenizer reads it (with trust_remote_code=True,
     which the model needs anyway: AutoTokenizer reads config.json first): tokenizer.json
     (decompressed), or a sentencepiece tokenizer.model, each with its tokenizer_config.json;
-    nothing when the run had none at hand. Returns the end-of-document id (None without a tokenizer).
-    No `model_max_length`: the models have no length limit (the paper evaluates at 2-8x the
-    training length), and transformers would warn of indexing errors past any number written."""
+    nothing when the run had none at hand. Returns the end-of-document id (None without a
+    tokenizer; evaluation.loading finds the copy here before data.tokenizer). The end-of-document token is also the pad token, as
+    config.json's pad_token_id says, and padding goes on the left, as generation expects (the
+    models take either side). No `model_max_length`: the models have no length limit (the paper
+    evaluates at 2-8x the training length), and transformers would warn of indexing errors past any
+    number written."""
     if not source.is_file():
         return None
     from data_pipeline.tokenizer import load_tokenizer
@@ -96,6 +130,7 @@ def write_tokenizer(source: Path, out: Path) -> int | None:
         eos = tokenizer.backend.id_to_token(tokenizer.eod_id)
         settings = {"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": eos, "bos_token": eos,
                     "unk_token": eos}
+    settings.update(pad_token=eos, padding_side="left")
     settings["model_input_names"] = ["input_ids", "attention_mask"]  # no token_type_ids: the model takes none
     (out / "tokenizer_config.json").write_text(json.dumps(settings, indent=2))
     return tokenizer.eod_id

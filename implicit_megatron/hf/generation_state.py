@@ -24,14 +24,17 @@ from implicit_megatron.models.lm import LanguageModel
 
 
 class SequentialState:
-    """The committed backbone state after `length` tokens of each row; updated in place by `advance`."""
+    """The committed backbone state after `length` tokens of each row (padding included: positions
+    of the batch, not of a row's real tokens); updated in place by `advance`. `last` (B, d) is each
+    row's last real z, where a warm start begins and what padding repeats (core.forward_sequential)."""
 
     is_compileable = False  # generate must not compile the forward around it
     is_croppable = False  # a recurrent state cannot be rolled back (no assisted generation)
 
-    def __init__(self, state: BackboneState, length: int) -> None:
+    def __init__(self, state: BackboneState, length: int, last: torch.Tensor | None = None) -> None:
         self.state = state
         self.length = length
+        self.last = last
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
         """Tokens the state holds: `generate` feeds only the ones after them."""
@@ -46,21 +49,29 @@ class SequentialState:
     def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
         """Beam search: row i of the state becomes row beam_idx[i]."""
         self.state = tuple(_select_rows(layer, beam_idx) for layer in self.state)
+        if self.last is not None:
+            self.last = self.last.index_select(0, beam_idx.to(self.last.device))
 
     @torch.no_grad()
-    def advance(self, model: LanguageModel, input_ids: torch.Tensor) -> torch.Tensor:
-        """Run `input_ids` (B, T) after the held tokens in sequential mode; returns z (B, T, d)."""
+    def advance(self, model: LanguageModel, input_ids: torch.Tensor,
+                attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """Run `input_ids` (B, T) after the held tokens in sequential mode; returns z (B, T, d).
+        `attention_mask` (B, T): 0 where a token is padding, which no row's state takes in."""
         self.state = with_room(self.state, self.length + input_ids.shape[1])
-        z, self.state, _ = model.core.forward_sequential(model.embedding(input_ids), self.state)
+        z, self.state, _ = model.core.forward_sequential(model.embedding(input_ids), self.state,
+                                                         mask=attention_mask, last=self.last)
         self.length += input_ids.shape[1]
+        self.last = z[:, -1]
         return z
 
     @classmethod
     @torch.no_grad()
-    def start(cls, model: LanguageModel, input_ids: torch.Tensor) -> tuple[torch.Tensor, SequentialState]:
-        """A fresh state after the prompt `input_ids` (B, T): z (B, T, d) and the state."""
-        z, state, _ = model.core.forward_sequential(model.embedding(input_ids), None)
-        return z, cls(state, input_ids.shape[1])
+    def start(cls, model: LanguageModel, input_ids: torch.Tensor,
+              attention_mask: torch.Tensor | None = None) -> tuple[torch.Tensor, SequentialState]:
+        """A fresh state after the prompt `input_ids` (B, T), padded where `attention_mask` is 0:
+        z (B, T, d) and the state."""
+        z, state, _ = model.core.forward_sequential(model.embedding(input_ids), None, mask=attention_mask)
+        return z, cls(state, input_ids.shape[1], z[:, -1])
 
 
 def with_room(state: BackboneState, tokens: int) -> BackboneState:
@@ -77,8 +88,8 @@ def _select_rows(layer: LayerState, rows: torch.Tensor) -> LayerState:
 
 
 def refuse_padding(attention_mask: torch.Tensor | None) -> None:
-    """A mask of ones changes nothing; zeros (padded prompts) are refused: left padding would enter
-    the recurrent state and shift Llama's positions, and right padding would be continued."""
+    """What folders exported before padded batches were supported call (their modeling file holds
+    the wrapper of that time): a mask of ones changes nothing; zeros are refused."""
     if attention_mask is not None and not bool(attention_mask.bool().all()):
         raise ValueError("attention_mask: padding (zeros in the mask) is not supported; the models carry a "
                          "recurrent state that padded tokens would enter. Generate prompts of one length "

@@ -103,22 +103,26 @@ class ImplicitMegatronForCausalLM(PreTrainedModel, GenerationMixin):
         the SequentialState an earlier forward returned) or `use_cache`,
         in sequential mode after the tokens the state holds, returning the state advanced; else in
         simultaneous mode. Sequential mode is for inference: it runs without gradient.
-        `attention_mask` may only be all ones (padding is refused, see generation_state.refuse_padding).
+        `attention_mask` (B, T), or (B, held + T) with a state: 0 at padding, on either side or
+        between a prompt and its continuation; padding enters no row's state, and a row's logits are
+        those of its real tokens alone (a padded position repeats the row's last real one).
         `logits_to_keep` > 0: logits of the last that many tokens only."""
-        from implicit_megatron.hf.generation_state import SequentialState, refuse_padding
+        from implicit_megatron.hf.generation_state import SequentialState
+        from implicit_megatron.models.padding import has_padding, padded_core
 
-        refuse_padding(attention_mask)
         lm = self._language_model[0]
+        mask = None if attention_mask is None else attention_mask[:, -input_ids.shape[1]:]
         past_key_values = cache if cache is not None else past_key_values
         if past_key_values is not None and not isinstance(past_key_values, SequentialState):
             raise TypeError(f"cache: expected the SequentialState an earlier forward returned, got "
                             f"{type(past_key_values).__name__}")
         if past_key_values is not None:
-            z = past_key_values.advance(lm, input_ids)
+            z = past_key_values.advance(lm, input_ids, mask)
         elif use_cache:
-            z, past_key_values = SequentialState.start(lm, input_ids)
+            z, past_key_values = SequentialState.start(lm, input_ids, mask)
         else:
-            z = lm.core(lm.embedding_dropout(lm.embedding(input_ids)))
+            x = lm.embedding_dropout(lm.embedding(input_ids))
+            z = padded_core(lm.core, x, mask) if has_padding(mask) else lm.core(x)
         logits = lm.logits(z[:, -logits_to_keep:] if logits_to_keep else z)
         loss = None
         if labels is not None:  # transformers' convention: labels are the inputs, shifted here

@@ -3,8 +3,8 @@
 Which equalities are exact and which hold within a tolerance:
 - `generate` with the state (use_cache=True, the default) runs exactly the computation of
   tools/generate.py (`evaluation.generation.generate`): the prompt token by token, then each new
-  token as one solved step under the committed state. Same tokens, exactly, for one prompt at a
-  time (in a batch, an implicit solver stops when the whole batch has converged).
+  token as one solved step under the committed state. Same tokens, exactly (each row of a batch
+  stops on its own residual; padded batches: test_hf_padded_batches.py).
 - `generate(use_cache=False)` runs the whole prefix in simultaneous mode for every new token. For
   the explicit models that is the same function up to rounding (logits within 1e-5, relative). For
   the implicit ones both modes solve the same fixed-point equations, per token or for the whole
@@ -22,6 +22,7 @@ import pytest
 import torch
 import transformers
 from support.processes import ROOT
+from support.tiny_exports import MODELS
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from implicit_megatron.evaluation.generation import SamplingConfig, generate
@@ -31,45 +32,12 @@ from implicit_megatron.hf.model import STATE_FIELD
 
 PROMPTS = ["ROMEO: what light", "HAMLET: to be"]  # six tokens each: a batch without padding
 NEW_TOKENS = 8
-MODELS = ["mamba2-explicit", "mamba2-implicit", "llama-explicit", "llama-implicit"]
-READS_Z = ("in_proj.weight", "q_proj.weight", "k_proj.weight", "v_proj.weight", "gate_proj.weight", "up_proj.weight")
-WRITES = ("out_proj.weight", "o_proj.weight", "down_proj.weight")  # into the residual stream
 # generate's argument and outputs name the state `cache` from transformers 5.24 on, `past_key_values` before
 CACHE = STATE_FIELD
 
 
 def state_of(output) -> SequentialState | None:
     return output.get(CACHE)
-
-
-def write_tiny_export(name: str, out: Path) -> Path:
-    """A two-layer, width-32 model as `export` writes it; implicit ones contractive (small weights
-    reading z, large ones writing the residual stream and the injection) and solved to 1e-5."""
-    from implicit_megatron import build_model, load_config
-    from implicit_megatron.hf.export import write_folder
-
-    arch = name.split("-")[0]
-    cfg = load_config(ROOT / f"configs/tiny/{name}.yaml",
-                      ["model.d_model=32", f"data.tokenizer={ROOT / 'data/tokenizers/gpt-neox-20b.json.xz'}",
-                       "model.mamba2.headdim=8" if arch == "mamba2" else "model.llama.n_heads=2"])
-    cfg.implicit.max_iter, cfg.implicit.tol, cfg.curriculum.phases = 20, 1e-5, []  # one solver for every path
-    torch.manual_seed(0)
-    model = build_model(cfg).eval()
-    if cfg.implicit.enabled:
-        with torch.no_grad():
-            for param_name, p in model.core.backbone.named_parameters():
-                if param_name.endswith(READS_Z):
-                    p.mul_(0.1)
-                elif param_name.endswith(WRITES):
-                    p.mul_(10.0)  # the branches outweigh z in the residual stream: ~10 passes per token
-            model.core.injection.proj.weight.mul_(30.0)
-    return write_folder(out / name, model, cfg, torch.float32)
-
-
-@pytest.fixture(scope="module")
-def exports(tmp_path_factory) -> dict[str, Path]:
-    out = tmp_path_factory.mktemp("hf-generation")
-    return {name: write_tiny_export(name, out) for name in MODELS}
 
 
 def load(folder: Path):
@@ -107,8 +75,7 @@ def test_generate_carries_the_state_and_gives_the_tokens_of_the_whole_prefix(nam
                         SamplingConfig(max_new_tokens=NEW_TOKENS, temperature=0.0), eod_id=loaded.tokenizer.eod_id)
         one = hf.generate(**tokenizer(prompt, return_tensors="pt"), max_new_tokens=NEW_TOKENS, do_sample=False)
         assert one[0, 6:].tolist() == ours.new_ids
-        if "explicit" in name:  # no solver whose stopping test spans the batch: rows are independent
-            assert cached.sequences[row].tolist() == one[0].tolist()
+        assert cached.sequences[row].tolist() == one[0].tolist()  # each row stops on its own
 
 
 def test_beam_search_reorders_the_state(exports):
@@ -141,15 +108,11 @@ def test_generate_continues_from_a_returned_state(exports):
     assert rest.tolist() == whole.tolist()
 
 
-def test_padding_is_refused_and_a_mask_of_ones_changes_nothing(exports):
+def test_a_mask_of_ones_changes_nothing(exports):
     tokenizer, hf = load(exports["mamba2-explicit"])
     batch = tokenizer(PROMPTS[0], return_tensors="pt")
     plain = hf.generate(batch["input_ids"], max_new_tokens=3, do_sample=False)
     assert plain.tolist() == hf.generate(**batch, max_new_tokens=3, do_sample=False).tolist()
-    padded = torch.cat([torch.zeros(1, 2, dtype=torch.long), batch["attention_mask"]], dim=1)
-    ids = torch.cat([torch.zeros(1, 2, dtype=torch.long), batch["input_ids"]], dim=1)
-    with pytest.raises(ValueError, match="attention_mask: padding"):
-        hf.generate(input_ids=ids, attention_mask=padded, max_new_tokens=3, do_sample=False)
 
 
 def test_the_export_tells_generate_its_end_of_document_and_padding_rows(exports):
