@@ -2,7 +2,8 @@
 
 Between tokens only the committed per-layer state is carried (Mamba2: conv and SSM states; Llama:
 the KV cache), so memory is constant in the number of solver passes, and for Mamba2 also in the
-length. Sampling sees only the real vocabulary (the padded logits are masked); temperature 0 is
+length. Prompts of different lengths generate together (`generate_batch`), each row as it would
+alone. Sampling sees only the real vocabulary (the padded logits are masked); temperature 0 is
 greedy.
 """
 
@@ -65,28 +66,53 @@ def generate(model: LanguageModel, prompt_ids: list[int], sampling: SamplingConf
              on_token: Callable[[int, int, float], None] | None = None) -> GenerationResult:
     """Generate after `prompt_ids` (an empty prompt starts from EOD). `stop(new_ids)` ends early;
     `on_token(token, passes, residual)` is called as each token is chosen."""
-    if not prompt_ids:
-        if eod_id is None:
-            raise ValueError("an empty prompt needs an end-of-document token to start from")
-        prompt_ids = [eod_id]
+    row_stop = None if stop is None else (lambda row, new_ids: stop(new_ids))
+    row_on_token = None if on_token is None else (lambda row, *chosen: on_token(*chosen))
+    return generate_batch(model, [prompt_ids], sampling, eod_id, row_stop, row_on_token)[0]
+
+
+@torch.no_grad()
+def generate_batch(model: LanguageModel, prompts: list[list[int]], sampling: SamplingConfig,
+                   eod_id: int | None = None, stop: Callable[[int, list[int]], bool] | None = None,
+                   on_token: Callable[[int, int, int, float], None] | None = None) -> list[GenerationResult]:
+    """Generate after each of `prompts` together: the prompts left-padded into one batch, each row
+    solved on its own (core.step), so that greedy decoding gives every row the tokens it gets alone.
+    A row that has finished (EOD, `stop(row, new_ids)`, or max_new_tokens) is padding from then on:
+    it is no longer iterated. `on_token(row, token, passes, residual)` is called as a token is chosen.
+    Sampled rows draw from one generator in row order, so their draws depend on the batch."""
+    if any(not ids for ids in prompts) and eod_id is None:
+        raise ValueError("an empty prompt needs an end-of-document token to start from")
+    prompts = [list(ids) if ids else [eod_id] for ids in prompts]
     core, device = model.core, model.embedding.weight.device
     generator = torch.Generator().manual_seed(sampling.seed) if sampling.seed is not None else None
-    result = GenerationResult(list(prompt_ids))
-    ids = torch.tensor([prompt_ids], device=device)
-    z, state, stats = core.forward_sequential(model.embedding(ids), None,
-                                              max_len=len(prompt_ids) + sampling.max_new_tokens)
-    result.prompt_passes = [int(s.passes) for s in stats]
+    results = [GenerationResult(ids) for ids in prompts]
+    width = max(len(ids) for ids in prompts)
+    ids = torch.zeros(len(prompts), width, dtype=torch.long, device=device)
+    mask = torch.zeros(len(prompts), width, dtype=torch.bool, device=device)
+    for row, prompt in enumerate(prompts):
+        ids[row, width - len(prompt):] = torch.tensor(prompt, device=device)
+        mask[row, width - len(prompt):] = True
+    z, state, stats = core.forward_sequential(model.embedding(ids), None, max_len=width + sampling.max_new_tokens,
+                                              mask=mask)
+    passes = torch.stack([s.passes_per_sample for s in stats], dim=1).cpu()
+    for row, result in enumerate(results):
+        result.prompt_passes = passes[row, mask[row].cpu()].tolist()
+    active = torch.ones(len(prompts), dtype=torch.bool, device=device)
     for _ in range(sampling.max_new_tokens):
-        token = int(sample_next(model.logits(z[:, -1]), model.vocab_size, sampling, generator)[0])
-        passes, residual = int(stats[-1].passes), float(stats[-1].residual.max())
-        result.new_ids.append(token)
-        result.passes.append(passes)
-        result.residuals.append(residual)
-        if on_token is not None:
-            on_token(token, passes, residual)
-        if (sampling.stop_at_eod and token == eod_id) or (stop is not None and stop(result.new_ids)):
+        tokens = sample_next(model.logits(z[:, -1]), model.vocab_size, sampling, generator)
+        passes, residual = stats[-1].passes_per_sample.tolist(), stats[-1].residual.tolist()
+        for row in active.nonzero().flatten().tolist():
+            result, token = results[row], int(tokens[row])
+            result.new_ids.append(token)
+            result.passes.append(int(passes[row]))
+            result.residuals.append(float(residual[row]))
+            if on_token is not None:
+                on_token(row, token, int(passes[row]), float(residual[row]))
+            done = (sampling.stop_at_eod and token == eod_id) or (stop is not None and stop(row, result.new_ids))
+            if done or len(result.new_ids) == sampling.max_new_tokens:
+                active[row] = False  # the last token needs no step of its own
+        if not bool(active.any()):
             break
-        if len(result.new_ids) == sampling.max_new_tokens:
-            break  # the last token needs no step of its own
-        z, state, stats = core.forward_sequential(model.embedding(torch.tensor([[token]], device=device)), state)
-    return result
+        z, state, stats = core.forward_sequential(model.embedding(tokens[:, None]), state, mask=active[:, None],
+                                                  last=z[:, -1])
+    return results

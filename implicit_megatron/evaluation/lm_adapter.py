@@ -2,8 +2,10 @@
 
 Scoring (loglikelihood, loglikelihood_rolling) runs batched in simultaneous mode by default
 (`mode=sequential` scores token by token instead); generation (generate_until) always runs in
-sequential mode, as the model is deployed. Log-probabilities are over the real vocabulary: the
-padded logits are masked. Importing this module registers the model.
+sequential mode, as the model is deployed, batch_size requests at a time (those with the same
+generation settings, left-padded, each row solved on its own). Padding is masked in both modes: it
+enters no row's state and no stop test. Log-probabilities are over the real vocabulary: the padded
+logits are masked. Importing this module registers the model.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from lm_eval.api.registry import register_model
 from lm_eval.models.utils import handle_stop_sequences
 from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 
-from implicit_megatron.evaluation.generation import SamplingConfig, generate
+from implicit_megatron.evaluation.generation import SamplingConfig, generate_batch
 from implicit_megatron.evaluation.loading import LoadedModel, load_model
 from implicit_megatron.evaluation.phases import SolverChoice
 
@@ -63,13 +65,13 @@ class ImplicitMegatronLM(TemplateLM):
     # ---------------------------------------------------------------- scoring
 
     @torch.no_grad()
-    def _logprobs(self, inputs: torch.Tensor) -> torch.Tensor:
-        """(B, T) ids -> (B, T, vocab) log-probabilities over the real vocabulary."""
+    def _logprobs(self, inputs: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """(B, T) ids, padded where mask is 0 -> (B, T, vocab) log-probabilities over the real vocabulary."""
         if self.mode == "sequential":
-            z, _, _ = self.model.core.forward_sequential(self.model.embedding(inputs))
+            z, _, _ = self.model.core.forward_sequential(self.model.embedding(inputs), mask=mask)
             logits = self.model.logits(z)
         else:
-            logits = self.model(inputs)
+            logits = self.model(inputs, attention_mask=mask)
         return torch.log_softmax(logits[..., :self.model.vocab_size].float(), dim=-1)
 
     def _loglikelihood_tokens(self, requests, disable_tqdm: bool = False, **kwargs) -> list[tuple[float, bool]]:
@@ -85,9 +87,11 @@ class ImplicitMegatronLM(TemplateLM):
             chunk = prepared[start:start + self.batch_size]
             width = max(len(item[2]) for item in chunk)
             ids = torch.full((len(chunk), width), self.eot_token_id, dtype=torch.long)
+            mask = torch.zeros((len(chunk), width), dtype=torch.bool)
             for row, item in enumerate(chunk):
                 ids[row, :len(item[2])] = torch.tensor(item[2])
-            logprobs = self._logprobs(ids.to(self._device)).cpu()
+                mask[row, :len(item[2])] = True
+            logprobs = self._logprobs(ids.to(self._device), mask.to(self._device)).cpu()
             for row, (index, key, inputs, continuation) in enumerate(chunk):
                 n = len(continuation)
                 if n == 0:
@@ -117,26 +121,39 @@ class ImplicitMegatronLM(TemplateLM):
     # ---------------------------------------------------------------- generation
 
     def generate_until(self, requests, disable_tqdm: bool = False) -> list[str]:
-        """Sequential-mode generation until a stop string, EOD or max_gen_toks."""
-        out = []
-        for request in requests:
-            context, gen_kwargs = request.args
-            gen_kwargs = dict(gen_kwargs or {})
-            until = handle_stop_sequences(gen_kwargs.pop("until", None), eos=self.tok_decode([self.eot_token_id]))
-            max_new = int(gen_kwargs.pop("max_gen_toks", DEFAULT_MAX_GEN_TOKS))
-            sampled = bool(gen_kwargs.get("do_sample", False))
-            temperature = float(gen_kwargs.get("temperature", 1.0 if sampled else 0.0)) if sampled else 0.0
-            prompt = self.tok_encode(context)[-max(1, self.max_length - max_new):]
-            sampling = SamplingConfig(max_new, temperature, _optional(gen_kwargs.get("top_k"), int),
-                                      _optional(gen_kwargs.get("top_p"), float), seed=1234)
+        """Sequential-mode generation until a stop string, EOD or max_gen_toks: requests with the same
+        generation settings together, batch_size at a time, longest prompt first."""
+        groups: dict[tuple, list[tuple[int, list[int]]]] = {}
+        for index, request in enumerate(requests):
+            settings = self._generation_settings(request.args[1])
+            prompt = self.tok_encode(request.args[0])[-max(1, self.max_length - settings[1]):]
+            groups.setdefault(settings, []).append((index, prompt))
+        out: list[str | None] = [None] * len(requests)
+        for (until, max_new, temperature, top_k, top_p), items in groups.items():
+            items.sort(key=lambda item: -len(item[1]))
+            sampling = SamplingConfig(max_new, temperature, top_k, top_p, seed=1234)
 
-            def stop(new_ids: list[int], until=until) -> bool:
+            def stop(row: int, new_ids: list[int], until=until) -> bool:
                 return any(u in self.tok_decode(new_ids) for u in until)
 
-            result = generate(self.model, prompt, sampling, eod_id=self.eot_token_id, stop=stop)
-            text = self.tok_decode([t for t in result.new_ids if t != self.eot_token_id])
-            for u in until:
-                text = text.split(u)[0]
-            self.cache_hook.add_partial("generate_until", (context, request.args[1]), text)
-            out.append(text)
+            for start in range(0, len(items), self.batch_size):
+                chunk = items[start:start + self.batch_size]
+                results = generate_batch(self.model, [prompt for _, prompt in chunk], sampling,
+                                         eod_id=self.eot_token_id, stop=stop)
+                for (index, _), result in zip(chunk, results, strict=True):
+                    text = self.tok_decode([t for t in result.new_ids if t != self.eot_token_id])
+                    for u in until:
+                        text = text.split(u)[0]
+                    self.cache_hook.add_partial("generate_until", requests[index].args, text)
+                    out[index] = text
         return out
+
+    def _generation_settings(self, gen_kwargs: dict | None) -> tuple:
+        """(stop strings, max new tokens, temperature, top_k, top_p) of a request: greedy unless do_sample."""
+        gen_kwargs = dict(gen_kwargs or {})
+        until = handle_stop_sequences(gen_kwargs.pop("until", None), eos=self.tok_decode([self.eot_token_id]))
+        max_new = int(gen_kwargs.pop("max_gen_toks", DEFAULT_MAX_GEN_TOKS))
+        sampled = bool(gen_kwargs.get("do_sample", False))
+        temperature = float(gen_kwargs.get("temperature", 1.0)) if sampled else 0.0
+        return (tuple(until), max_new, temperature, _optional(gen_kwargs.get("top_k"), int),
+                _optional(gen_kwargs.get("top_p"), float))

@@ -110,11 +110,11 @@ def write_tokenizer(source: Path, out: Path) -> int | None:
     which the model needs anyway: AutoTokenizer reads config.json first): tokenizer.json
     (decompressed), or a sentencepiece tokenizer.model, each with its tokenizer_config.json;
     nothing when the run had none at hand. Returns the end-of-document id (None without a
-    tokenizer; evaluation.loading finds the copy here before data.tokenizer). The end-of-document token is also the pad token, as
-    config.json's pad_token_id says, and padding goes on the left, as generation expects (the
-    models take either side). No `model_max_length`: the models have no length limit (the paper
-    evaluates at 2-8x the training length), and transformers would warn of indexing errors past any
-    number written."""
+    tokenizer; evaluation.loading finds the copy here before data.tokenizer). The end-of-document
+    token is also the pad token, as config.json's pad_token_id says, and padding goes on the left,
+    as generation expects (the models take either side). No `model_max_length`: the models have
+    no length limit (the paper evaluates at 2-8x the training length), and transformers would warn
+    of indexing errors past any number written."""
     if not source.is_file():
         return None
     from data_pipeline.tokenizer import load_tokenizer

@@ -76,6 +76,31 @@ def test_greedy_generation_prints_passes_per_token(tiny_run):
     assert "solver passes per token on average" in result.stderr
 
 
+def test_several_prompts_generate_together_as_each_alone(tiny_run, tmp_path):
+    """Three prompts of different lengths (two --prompt, one line of --prompts-file), batched:
+    each gets the greedy tokens it gets alone."""
+    from implicit_megatron.evaluation.generation import SamplingConfig, generate
+    from implicit_megatron.evaluation.loading import load_model
+
+    prompts = ["ROMEO:", "HAMLET: To be, or not to be,", "JULIET: O"]
+    (tmp_path / "prompts.txt").write_text(prompts[2] + "\n")
+    result = tool("generate", tiny_run.export, "--prompt", prompts[0], "--prompt", prompts[1], "--prompts-file",
+                  tmp_path / "prompts.txt", "--max-new-tokens", "6", "--temperature", "0", "--ignore-eod",
+                  "--batch-size", "3", "--jsonl")
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = [json.loads(line) for line in result.stdout.splitlines()]
+    assert [row["prompt"] for row in rows] == prompts
+    loaded = load_model(tiny_run.export)
+    for row, prompt in zip(rows, prompts, strict=True):
+        alone = generate(loaded.model, loaded.tokenizer.encode(prompt), SamplingConfig(6, 0.0, stop_at_eod=False))
+        assert row["new_tokens"] == alone.new_ids and row["passes_per_token"] == alone.passes
+    plain = tool("generate", tiny_run.export, "--prompt", prompts[0], "--prompt", prompts[2], "--max-new-tokens",
+                 "2", "--temperature", "0")
+    assert plain.returncode == 0 and plain.stdout.count("\n----\n") == 1, plain.stderr[-3000:]
+    missing = tool("generate", tiny_run.export, "--prompts-file", tmp_path / "none.txt")
+    assert missing.returncode == 2 and "--prompts-file" in missing.stderr and "Traceback" not in missing.stderr
+
+
 def test_a_negative_temperature_is_refused(tiny_run):
     result = tool("generate", tiny_run.export, "--prompt", "x", "--temperature", "-1")
     assert result.returncode == 2 and "--temperature must be 0 (greedy) or positive, got -1.0" in result.stderr

@@ -55,7 +55,7 @@ def test_a_padded_forward_gives_each_row_the_logits_of_its_prompt_alone(name, si
             assert (logits[row, real] - alone).abs().max() < 1e-5
 
 
-@pytest.mark.parametrize("name", ["mamba2-implicit", "llama-implicit"])
+@pytest.mark.parametrize("name", MODELS)
 def test_pipeline_batches_padded_prompts(name, exports):
     tokenizer, model = load64(exports[name], "left")
     generator = pipeline("text-generation", model=model, tokenizer=tokenizer)
