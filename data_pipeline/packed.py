@@ -128,12 +128,16 @@ def build_packed_dataset(prefixes: Sequence[str], weights: Sequence[float] | Non
 def index_cache_dir(prefixes: Sequence[str], cache_dir: str | None = None) -> str:
     """Where the packed-sample index cache goes: `cache_dir` when given; else `index-cache` beside the
     first prefix's shards when that folder takes files; else (shards on a read-only file system, as
-    shared cluster datasets usually are) a folder of this user's cache named after the shards' folder."""
+    shared cluster datasets usually are) a folder of this user's cache named after the shards' folder.
+    A folder not made yet (shards still to be built from data.source) takes files where its nearest
+    existing parent does."""
     if cache_dir:
         return cache_dir
     folder = os.path.dirname(os.path.abspath(prefixes[0]))
-    beside = os.path.join(folder, "index-cache")
-    if os.access(beside if os.path.isdir(beside) else folder, os.W_OK | os.X_OK):
+    beside = existing = os.path.join(folder, "index-cache")
+    while not os.path.isdir(existing) and os.path.dirname(existing) != existing:
+        existing = os.path.dirname(existing)
+    if os.access(existing, os.W_OK | os.X_OK):
         return beside
     user_cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     named = hashlib.sha256(folder.encode()).hexdigest()[:16]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections import Counter
 
 import numpy as np
@@ -236,3 +237,16 @@ def test_a_failed_read_names_the_shard(tmp_path, monkeypatch):
     stale = build_packed_dataset([str(tmp_path / "a")], None, "train", SEQ, seed=1)
     with pytest.raises(ValueError, match=f"^{prefix}: reading sample [0-9]+ failed"):
         [stale[i] for i in range(len(stale))]
+
+
+def test_the_index_cache_goes_beside_shards_still_to_be_built(tmp_path, monkeypatch):
+    """Shards built on first use (data.source) have no folder yet: its parent decides, not the user cache."""
+    from data_pipeline.packed import index_cache_dir
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "user-cache"))
+    prefix = tmp_path / "cache" / "shakespeare" / "neox"
+    assert index_cache_dir([str(prefix)]) == str(prefix.parent / "index-cache")
+    (tmp_path / "locked").mkdir(mode=0o500)
+    if os.access(tmp_path / "locked", os.W_OK):
+        pytest.skip("this user writes anywhere (root)")
+    assert index_cache_dir([str(tmp_path / "locked" / "new" / "neox")]).startswith(str(tmp_path / "user-cache"))
