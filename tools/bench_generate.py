@@ -1,7 +1,15 @@
-"""Time per new token of transformers' `generate` on an exported folder, with and without the state.
+"""Generation speed: transformers' `generate` with and without the state, or batched serving.
 
     python tools/bench_generate.py [--config tiny/mamba2-implicit] [--export FOLDER]
         [--prefixes 64,256,1024] [--new-tokens 16] [--repeats 2] [--threads N] [--device cpu|cuda]
+    python tools/bench_generate.py --batches 1,8,32 [--models quickstart,EXPORT_FOLDER,...]
+        [--prompt-lengths 16,256] [--new-tokens 16] [--starts cold,warm] [--device cpu|cuda]
+
+The second form is the serving table (tools/generate.py's path, `generate_batch`): per model, batch
+size and start (cold: each token's solve from zero; warm: from the previous token's fixed point),
+greedy, prompts of random lengths in --prompt-lengths, new tokens per second (the prompts' steps
+excluded) and mean solver passes per new token and per prompt token. A model is an exported folder
+or a config name (random weights; an implicit model's passes then mean little).
 
 With the state (use_cache=True, the default of `generate`) each new token is one sequential-mode
 step under the carried state: for Mamba2 its cost does not depend on the prefix. Without it
@@ -75,6 +83,64 @@ def per_new_token(model, prompt: torch.Tensor, new_tokens: int, use_cache: bool,
     return statistics.median(intervals), statistics.mean(passes)
 
 
+def load_lm(spec: str, device: str):
+    """(label, LanguageModel in eval mode) of an exported folder or a config name (random weights)."""
+    from implicit_megatron import build_model, load_config
+    from implicit_megatron.hf.export import from_pretrained
+
+    if Path(spec).is_dir():
+        return "/".join(Path(spec).resolve().parts[-2:]), from_pretrained(spec, device=device)
+    path = Path(spec) if Path(spec).is_file() else ROOT / "configs" / f"{spec}.yaml"
+    torch.manual_seed(0)
+    return spec + " (random)", build_model(load_config(path, check_files=False)).to(device).eval()
+
+
+def serve(lm, prompts: list[list[int]], new_tokens: int, device: torch.device) -> tuple[float, float, float]:
+    """(new tokens per second, passes per new token, passes per prompt token) of one batch."""
+    from implicit_megatron.evaluation.generation import SamplingConfig, generate_batch
+
+    marks = []
+
+    def on_token(row: int, *_) -> None:
+        if not marks:
+            sync(device)
+            marks.append(time.perf_counter())
+
+    sampling = SamplingConfig(new_tokens + 1, temperature=0.0, stop_at_eod=False)
+    results = generate_batch(lm, prompts, sampling, on_token=on_token)
+    sync(device)
+    seconds = time.perf_counter() - marks[0]  # from the first new token chosen: the prompts excluded
+    passes = [p for r in results for p in r.passes[1:]]  # the steps timed
+    prompt_passes = [p for r in results for p in r.prompt_passes]
+    return len(prompts) * new_tokens / seconds, statistics.mean(passes), statistics.mean(prompt_passes)
+
+
+def serving_table(args) -> int:
+    device = torch.device(args.device)
+    batches = [int(n) for n in args.batches.split(",")]
+    shortest, longest = (int(n) for n in args.prompt_lengths.split(","))
+    print(f"serving: greedy, {args.new_tokens} new tokens, prompts of {shortest}-{longest} tokens, {args.device}, "
+          f"{torch.get_num_threads()} threads")
+    print(f"{'model':<32} {'batch':>5} {'start':>5} {'tokens/s':>9} {'x batch 1':>9} {'passes/token':>12} "
+          f"{'prompt passes':>13}")
+    for spec in args.models.split(","):
+        label, lm = load_lm(spec, args.device)
+        starts = args.starts.split(",") if lm.core.implicit else ["cold"]
+        for start in starts:
+            if lm.core.implicit:
+                lm.core.set_phase(warm_start=start == "warm")
+            base = None
+            for batch in batches:
+                generator = torch.Generator().manual_seed(batch)
+                lengths = torch.randint(shortest, longest + 1, (batch,), generator=generator).tolist()
+                prompts = [torch.randint(1, lm.vocab_size, (n,), generator=generator).tolist() for n in lengths]
+                speed, passes, prompt_passes = serve(lm, prompts, args.new_tokens, device)
+                base = base or speed
+                print(f"{label[:32]:<32} {batch:>5} {start:>5} {speed:>9.1f} {speed / base:>8.1f}x {passes:>12.2f} "
+                      f"{prompt_passes:>13.2f}", flush=True)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", default="tiny/mamba2-implicit", help="config name under configs/ or a path")
@@ -84,9 +150,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--threads", type=int, default=None, help="CPU intra-op threads (default: torch's)")
     p.add_argument("--device", default="cpu")
+    p.add_argument("--batches", default=None, help="the serving table at these batch sizes, e.g. 1,8,32")
+    p.add_argument("--models", default="quickstart", help="serving table: exported folders or config names")
+    p.add_argument("--prompt-lengths", default="16,256", help="serving table: shortest,longest prompt")
+    p.add_argument("--starts", default="cold,warm", help="serving table: cold, warm or both")
     args = p.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
+    if args.batches:
+        return serving_table(args)
     from transformers import AutoModelForCausalLM
     from transformers.utils import logging as transformers_logging
 

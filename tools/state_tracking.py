@@ -3,7 +3,8 @@
     python tools/state_tracking.py --algebra Z2 [--models explicit-1l,explicit-2l,explicit-4l,implicit]
         [--seeds 3|0,2] [--length 64] [--test-lengths 64,256,1024] [--p 0.5] [--eval-p 0.5]
         [--steps 1000] [--batch 64] [--d-model 64] [--recipe ours|released] [--sequential]
-        [--test-words 256[,LENGTH:N]] [--test-tol 0.01] [--nproc 1] [--precision fp32|bf16] [--device cuda|cpu]
+        [--test-words 256[,LENGTH:N]] [--test-tol 0.01] [--own-stop] [--nproc 1] [--precision fp32|bf16]
+        [--device cuda|cpu]
         [--output runs/state_tracking] [--page docs/results/state_tracking.md] [--tag NAME] [key=value ...]
 
 Each model is a config of configs/state_tracking/ (explicit-Nl: mamba2-explicit[-Nl].yaml; implicit:
@@ -18,6 +19,8 @@ evaluation cap) and the converged share. --test-tol sets that tolerance for the 
 one (0.05, the released rule) measures the change over the whole batch, so at long words, where
 each pass changes only the positions not yet resolved, it can stop while most are wrong (S3 at
 16x the trained length: 34 passes and 0.26 at 0.05, 361 passes and 0.996 at 0.01).
+--own-stop also tests every set with each word stopping on its own relative change
+(implicit.eval_stop=sequence; sets suffixed -own, on the same words).
 --sequential adds token-by-token evaluation at the training length (the released final metric).
 It prints the tables and writes OUTPUT/TAG/results.json; --page also saves the sweep beside the
 page (<page stem>/TAG.json and two PNGs) and rebuilds the page from every sweep saved there.
@@ -140,7 +143,8 @@ def evaluate(out: Path, args: argparse.Namespace) -> dict[str, dict]:
         key = {"length": length, "p": p, "words": words, "seed": set_seed(name)}
         if args.test_tol is not None:
             key["tol"] = args.test_tol
-        names = [name] + ([f"seq-{name}"] if args.sequential and length == args.length and p == args.p else [])
+        names = [name] + ([f"{name}-own"] if args.own_stop else [])
+        names += [f"seq-{name}"] if args.sequential and length == args.length and p == args.p else []
         if all(cached.get(n, {}).get("key") == key for n in names):
             continue
         if model is None:
@@ -153,11 +157,15 @@ def evaluate(out: Path, args: argparse.Namespace) -> dict[str, dict]:
         inputs, labels = (torch.from_numpy(a.astype("int64")) for a in
                           generate(args.algebra, words, length, p, set_seed(name)))
         for n in names:
+            if model.core.implicit:  # the batch's stop test, or each word's own (-own)
+                stop = "sequence" if n.endswith("-own") else "batch"
+                model.core.settings = replace(model.core.settings, eval_stop=stop)
             result = evaluate_words(model, inputs, labels, args.eval_batch, sequential=n.startswith("seq-"))
             kept[n] = {"key": key, "result": result.as_dict()}
     path.write_text(json.dumps({"checkpoint": checkpoint, "sets": kept}, indent=1) + "\n")
-    shown = [n for name in test_sets(args) for n in (name, f"seq-{name}")
-             if n in kept and (n == name or args.sequential)]
+    wanted = {"": True, "-own": args.own_stop, "seq-": args.sequential}
+    shown = [n for name in test_sets(args) for kind, n in (("", name), ("-own", f"{name}-own"), ("seq-", f"seq-{name}"))
+             if n in kept and wanted[kind]]
     return {n: kept[n]["result"] for n in shown}
 
 
@@ -199,6 +207,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--d-model", type=int, default=64)
     parser.add_argument("--recipe", choices=("ours", "released"), default="ours")
     parser.add_argument("--sequential", action="store_true", help="also token by token at the training length")
+    parser.add_argument("--own-stop", action="store_true", help="also test with each word stopping on its own")
     parser.add_argument("--nproc", type=int, default=1, help="training processes per run (GPUs on a GPU machine)")
     parser.add_argument("--precision", choices=("fp32", "bf16"), default="fp32", help="training precision")
     parser.add_argument("--device", default=None, help="where the tests run (default: cuda if present, else cpu)")

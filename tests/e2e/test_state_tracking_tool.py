@@ -86,12 +86,17 @@ def test_state_tracking_sweep(tmp_path):
         assert {k: v for k, v in rerun[model]["0"].items() if k != "L16"} == seeds["0"]
         assert rerun[model]["0"]["L16"]["words"] == 4
     # A tighter test-time tolerance: every set is tested again (its key holds the tolerance), the
-    # implicit solve runs at least as many passes, and the page says at which tolerance.
-    tight = sweep(tmp_path / "runs", page, "--test-tol", "0.0001")
+    # implicit solve runs at least as many passes, and the page says at which tolerance. --own-stop
+    # adds each set again, on the same words, with each word stopping on its own (-own).
+    tight = sweep(tmp_path / "runs", page, "--test-tol", "0.0001", "--own-stop")
     assert tight.returncode == 0 and tight.stdout.count("not trained again") == 2
     strict = json.loads((tmp_path / "runs" / "Z2-L8-released" / "results.json").read_text())
     assert strict["settings"]["test_tol"] == 1e-4
     assert strict["runs"]["implicit"]["0"]["L12"]["passes"] >= implicit["L12"]["passes"]
+    own = strict["runs"]["implicit"]["0"]["L12-own"]
+    assert own["words"] == 8 and 1 <= own["passes"] <= 32
+    assert strict["runs"]["explicit-1l"]["0"]["L12-own"]["passes"] == 1
+    assert "| model | L8 | L8-own | L12 | L12-own | seq-L8 |" in tight.stdout
     saved = json.loads((tmp_path / "runs" / "Z2-L8-released" / "implicit" / "seed0" / "test_results.json").read_text())
     assert all(saved["sets"][name]["key"]["tol"] == 1e-4 for name in ("L8", "L12", "seq-L8"))
     assert "test-time tolerance 0.0001" in page.read_text()
