@@ -25,6 +25,18 @@ def _one_intra_op_thread():
     torch.set_num_threads(threads)
 
 
+@pytest.fixture(autouse=True)
+def _grad_mode_left_as_found():
+    """A test (or the tool it calls in-process) that turns autograd off for good breaks every
+    later training test with a puzzling 'does not require grad': name the culprit instead."""
+    import torch
+
+    yield
+    if not torch.is_grad_enabled():
+        torch.set_grad_enabled(True)
+        pytest.fail("autograd was left disabled (torch.set_grad_enabled(False) outside a with-block)")
+
+
 @pytest.fixture(scope="session")
 def shakespeare_shards(tmp_path_factory) -> str:
     """The bundled corpus tokenized with the GPT-NeoX-20B tokenizer: a shard prefix (train/valid/test)."""

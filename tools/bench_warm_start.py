@@ -122,9 +122,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rule", choices=("released", "solver"), default=None,
                    help="the evaluation rule (implicit.eval_rule; default: the model's)")
     args = p.parse_args(argv)
-    torch.set_grad_enabled(False)
-    for path in args.models:
-        measure(path, args)
+    with torch.no_grad():
+        for path in args.models:
+            measure(path, args)
     return 0
 
 
