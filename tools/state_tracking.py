@@ -3,7 +3,7 @@
     python tools/state_tracking.py --algebra Z2 [--models explicit-1l,explicit-2l,explicit-4l,implicit]
         [--seeds 3|0,2] [--length 64] [--test-lengths 64,256,1024] [--p 0.5] [--eval-p 0.5]
         [--steps 1000] [--batch 64] [--d-model 64] [--recipe ours|released] [--sequential]
-        [--test-words 256[,LENGTH:N]] [--test-tol 0.01] [--own-stop] [--nproc 1] [--precision fp32|bf16]
+        [--test-words 256[,LENGTH:N]] [--test-tol 0.01] [--own-stop] [--estimate] [--nproc 1] [--precision fp32|bf16]
         [--device cuda|cpu]
         [--output runs/state_tracking] [--page docs/results/state_tracking.md] [--tag NAME] [key=value ...]
 
@@ -11,7 +11,10 @@ Each model is a config of configs/state_tracking/ (explicit-Nl: mamba2-explicit[
 mamba2-implicit.yaml, one layer self-iterated; with --recipe released, released.yaml: the released
 warm-up of unrolled damped passes first). Each (model, seed) trains through launch/pretrain.sh into
 OUTPUT/TAG/<model>/seed<k>, its progress on stderr as it trains (a bar on a terminal; in a log, its
-step and loss at most every 30 s); a finished run is not trained again. Then every final checkpoint is
+step and loss at most every 30 s); a finished run is not trained again, and one that was stopped
+resumes from its last checkpoint (saved every tenth of the steps): to resume a sweep, run the same
+command again. Before training it prints an estimate of the training time here, timed on one batch
+of each model (--estimate: only that). Then every final checkpoint is
 tested here, on words the training never saw, at each test length (training p) and at eval-p
 (training length): accuracy over every position and over the last 10, passes per forward (an
 implicit model iterates until the batch's relative change is below its tolerance, up to its
@@ -83,11 +86,18 @@ def overrides(args: argparse.Namespace, model: str, out: Path, seed: int) -> lis
               f"data.seq_len={args.length}", f"train.steps={args.steps}", f"train.global_batch_size={args.batch}",
               f"train.micro_batch_size={args.batch // args.nproc}", f"model.d_model={args.d_model}",
               f"model.mamba2.headdim={min(64, args.d_model // 2)}", f"train.eval_interval={args.steps}",
-              f"checkpoint.interval={args.steps}", f"schedule.warmup_steps={warmup}", "tracking.enabled=false",
+              f"checkpoint.interval={checkpoint_interval(args.steps)}", f"schedule.warmup_steps={warmup}",
+              "tracking.enabled=false",
               f"distributed.precision={args.precision}", f"train.seed={seed}", f"data.seed={1234 + seed}"]
     if args.recipe == "released" and model == "implicit":
         result.append(f"schedule.cooldown_start={warmup / args.steps}")
     return [*result, *args.extra]
+
+
+def checkpoint_interval(steps: int) -> int:
+    """A tenth of the run: a sweep stopped (Ctrl-C, a killed job) and launched again resumes each
+    unfinished run from its last checkpoint and loses at most that much training."""
+    return max(1, math.ceil(steps / 10))
 
 
 def finished(out: Path, steps: int) -> bool:
@@ -102,13 +112,59 @@ def train(model: str, seed: int, args: argparse.Namespace, out: Path) -> None:
     if finished(out, args.steps):
         print(f"[state_tracking] {model} seed {seed}: finished run in {out}, not trained again", flush=True)
         return
-    print(f"[state_tracking] {model} seed {seed}: training into {out}", flush=True)
+    latest = out / "checkpoints" / "latest"
+    started = f", resuming from {latest.read_text().strip()}" if latest.is_file() else ""
+    print(f"[state_tracking] {model} seed {seed}: training into {out}{started}", flush=True)
     env = {**os.environ, "NPROC": str(args.nproc), "PYTHON": sys.executable}
     result = run_with_progress(["bash", "launch/pretrain.sh", str(config_of(model, args.recipe)),
                                 *overrides(args, model, out, seed)], f"[state_tracking] {model} seed {seed}",
                                cwd=ROOT, env=env)
     if result.returncode != 0:
         raise SystemExit(f"state_tracking: {model} seed {seed} failed:\n{result.stdout[-6000:]}")
+
+
+def step_seconds(model: str, args: argparse.Namespace) -> float:
+    """Seconds per training step of `model` here, timed on one micro-batch (forward and backward) with
+    every implicit solve run to its cap, as the S3 and parity runs' solves are from a few hundred
+    steps on (the optimizer, the data and the launch add a little)."""
+    import time
+
+    import torch
+
+    from implicit_megatron.builder import build_model
+    from implicit_megatron.config.reading import read_config
+
+    cfg = read_config(config_of(model, args.recipe), overrides(args, model, Path(args.output), 0))
+    threads = torch.get_num_threads()
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // args.nproc))  # as launch/pretrain.sh sets it
+    try:
+        net = build_model(cfg, device=args.device)
+        if net.core.implicit:
+            net.core.set_phase(tol=0.0)
+        ids = torch.randint(0, cfg.model.vocab_size, (cfg.train.micro_batch_size, args.length), device=args.device)
+        times = []
+        for _ in range(3):  # the first one warms up
+            start = time.perf_counter()
+            net(ids, labels=ids).backward()
+            if args.device.startswith("cuda"):
+                torch.cuda.synchronize()
+            times.append(time.perf_counter() - start)
+    finally:
+        torch.set_num_threads(threads)
+    accumulation = cfg.train.global_batch_size // (cfg.train.micro_batch_size * args.nproc)
+    return min(times[1:]) * max(1, accumulation)
+
+
+def estimate(todo: dict[str, list[int]], args: argparse.Namespace) -> str:
+    """What the runs still to train will take here, before any starts."""
+    parts, total = [], 0.0
+    for model, seeds in todo.items():
+        seconds = step_seconds(model, args)
+        total += seconds * args.steps * len(seeds)
+        capped = " (every solve at its cap)" if model == "implicit" else ""
+        parts.append(f"{model} {seconds:.2f} s/step{capped} x {args.steps} steps x {len(seeds)} seed(s)")
+    return (f"[state_tracking] estimate: {'; '.join(parts)}: about {total / 60:.0f} min of training in all "
+            f"on {args.device} (resumed runs take less; the tests come after)")
 
 
 def test_sets(args: argparse.Namespace) -> dict[str, tuple[int, float | None, int]]:
@@ -188,6 +244,18 @@ def words_per_length(text: str) -> tuple[int, dict[int, int]]:
     return default, exceptions
 
 
+def seed_list(text: str) -> list[int]:
+    """'3' -> seeds 0, 1, 2; '0,2' or '2,' -> those seeds."""
+    try:
+        seeds = [int(s) for s in text.split(",") if s] if "," in text else list(range(int(text)))
+    except ValueError:
+        raise SystemExit(f"state_tracking: --seeds {text!r}: give a count (3) or a list (0,2 or 2,)") from None
+    if not seeds or min(seeds) < 0:
+        raise SystemExit(f"state_tracking: --seeds {text!r} names no seed to train; give a count of at least 1 "
+                         "or a list of seeds from 0 (e.g. 0,2)")
+    return seeds
+
+
 def parse(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", default="explicit-1l,explicit-2l,explicit-4l,implicit")
@@ -207,6 +275,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--d-model", type=int, default=64)
     parser.add_argument("--recipe", choices=("ours", "released"), default="ours")
     parser.add_argument("--sequential", action="store_true", help="also token by token at the training length")
+    parser.add_argument("--estimate", action="store_true",
+                        help="print what the runs still to train would take here, and stop")
     parser.add_argument("--own-stop", action="store_true", help="also test with each word stopping on its own")
     parser.add_argument("--nproc", type=int, default=1, help="training processes per run (GPUs on a GPU machine)")
     parser.add_argument("--precision", choices=("fp32", "bf16"), default="fp32", help="training precision")
@@ -221,7 +291,12 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     args.test_words, args.words_at = words_per_length(args.test_words)
     if args.test_tol is not None and args.test_tol <= 0:
         raise SystemExit(f"state_tracking: --test-tol must be above 0, got {args.test_tol}")
-    args.seeds = [int(s) for s in args.seeds.split(",") if s] if "," in args.seeds else list(range(int(args.seeds)))
+    args.seeds = seed_list(args.seeds)
+    args.models = [m for m in args.models.split(",") if m]
+    if not args.models:
+        raise SystemExit("state_tracking: --models names no model (e.g. explicit-1l,implicit)")
+    for model in args.models:
+        config_of(model, args.recipe)  # an unknown one is refused before anything trains
     if args.device is None:
         import torch
 
@@ -237,8 +312,15 @@ def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
     argv = sys.argv[1:] if argv is None else argv
     folder = Path(args.output) / args.tag
+    todo = {model: [seed for seed in args.seeds if not finished(folder / model / f"seed{seed}", args.steps)]
+            for model in args.models}
+    todo = {model: seeds for model, seeds in todo.items() if seeds}
+    if todo:
+        print(estimate(todo, args), flush=True)
+    if args.estimate:
+        return 0
     runs = {}
-    for model in args.models.split(","):
+    for model in args.models:
         runs[model] = {}
         for seed in args.seeds:
             out = folder / model / f"seed{seed}"

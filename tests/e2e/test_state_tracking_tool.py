@@ -7,6 +7,7 @@ progress shows on stderr while it trains."""
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 
@@ -57,6 +58,8 @@ def test_state_tracking_sweep(tmp_path):
     result = sweep(tmp_path / "runs", page)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert "| model | L8 | L12 | seq-L8 |" in result.stdout
+    estimate = [line for line in result.stdout.splitlines() if line.startswith("[state_tracking] estimate:")]
+    assert len(estimate) == 1 and "explicit-1l " in estimate[0] and "implicit " in estimate[0], estimate
     for model in ("explicit-1l", "implicit"):  # each run's progress while it trained, on stderr
         prefix = f"[state_tracking] {model} seed 0: step"
         shown = [line for line in result.stderr.splitlines() if line.startswith(prefix)]
@@ -81,6 +84,7 @@ def test_state_tracking_sweep(tmp_path):
     # others' words depend on their names alone, and their saved results are reused).
     again = sweep(tmp_path / "runs", page, "--test-lengths", "8,12,16", "--test-words", "8,16:4")
     assert again.returncode == 0 and again.stdout.count("not trained again") == 2
+    assert "estimate:" not in again.stdout  # nothing left to train
     rerun = json.loads((tmp_path / "runs" / "Z2-L8-released" / "results.json").read_text())["runs"]
     for model, seeds in results["runs"].items():
         assert {k: v for k, v in rerun[model]["0"].items() if k != "L16"} == seeds["0"]
@@ -100,3 +104,20 @@ def test_state_tracking_sweep(tmp_path):
     saved = json.loads((tmp_path / "runs" / "Z2-L8-released" / "implicit" / "seed0" / "test_results.json").read_text())
     assert all(saved["sets"][name]["key"]["tol"] == 1e-4 for name in ("L8", "L12", "seq-L8"))
     assert "test-time tolerance 0.0001" in page.read_text()
+
+    # A sweep stopped while the explicit run trained step 4 (its checkpoints come every tenth of the
+    # steps: here every step) resumes when the same command runs again: step 4 alone is trained.
+    checkpoints = tmp_path / "runs" / "Z2-L8-released" / "explicit-1l" / "seed0" / "checkpoints"
+    last = (checkpoints / "latest").read_text().strip()
+    earlier = max((p.name for p in checkpoints.iterdir() if p.is_dir() and p.name != last),
+                  key=lambda name: int(name.rpartition("step")[2]))
+    shutil.rmtree(checkpoints / last)
+    (checkpoints / "latest").write_text(earlier + "\n")
+    resumed = sweep(tmp_path / "runs", page, "--test-tol", "0.0001", "--own-stop")
+    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
+    assert f"explicit-1l seed 0: training into {checkpoints.parent}, resuming from {earlier}" in resumed.stdout
+    assert "estimate: explicit-1l " in resumed.stdout and resumed.stdout.count("not trained again") == 1
+    shown = [line.split(": ", 1)[1].split("  ")[0] for line in resumed.stderr.splitlines()
+             if line.startswith("[state_tracking] explicit-1l seed 0: step")]
+    assert shown == ["step 4/4"], shown
+    assert (checkpoints / "latest").read_text().strip() == last

@@ -1,0 +1,58 @@
+"""tools/state_tracking.py's command line: what it refuses before anything trains, the checkpoints
+that let a stopped sweep resume, and the estimate it prints before training."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+@pytest.fixture(scope="module")
+def tool():
+    spec = importlib.util.spec_from_file_location("state_tracking_tool", ROOT / "tools/state_tracking.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_seeds_are_a_count_or_a_list(tool):
+    assert tool.parse(["--seeds", "3"]).seeds == [0, 1, 2]
+    assert tool.parse(["--seeds", "0,2"]).seeds == [0, 2]
+    assert tool.parse(["--seeds", "2,"]).seeds == [2]
+
+
+@pytest.mark.parametrize("seeds", ["0", "", ",", "-1,", "three"])
+def test_no_seed_to_train_is_refused_by_name(tool, seeds):
+    with pytest.raises(SystemExit, match="--seeds") as refused:
+        tool.parse([f"--seeds={seeds}"])
+    assert repr(seeds) in str(refused.value)
+
+
+def test_an_unknown_model_is_refused_before_any_trains(tool):
+    with pytest.raises(SystemExit, match="unknown model 'explicit-3l'"):
+        tool.parse(["--models", "implicit,explicit-3l"])
+    with pytest.raises(SystemExit, match="--models names no model"):
+        tool.parse(["--models", ","])
+
+
+@pytest.mark.parametrize(("steps", "interval"), [(1000, 100), (16384, 1639), (4, 1), (1, 1)])
+def test_runs_save_every_tenth_of_their_steps_so_a_stopped_sweep_resumes(tool, steps, interval, tmp_path):
+    args = tool.parse(["--steps", str(steps)])
+    assert f"checkpoint.interval={interval}" in tool.overrides(args, "implicit", tmp_path, 0)
+
+
+def test_the_estimate_names_each_model_still_to_train(tool, tmp_path):
+    args = tool.parse(["--algebra", "Z2", "--length", "8", "--batch", "4", "--d-model", "32", "--steps", "10",
+                       "--device", "cpu", "--output", str(tmp_path)])
+    line = tool.estimate({"explicit-1l": [0, 1], "implicit": [0]}, args)
+    assert line.startswith("[state_tracking] estimate: explicit-1l ")
+    assert "s/step x 10 steps x 2 seed(s); implicit " in line
+    assert "s/step (every solve at its cap) x 10 steps x 1 seed(s)" in line
+    assert "min of training in all on cpu" in line
+    assert tool.step_seconds("explicit-1l", args) > 0
