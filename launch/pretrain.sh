@@ -9,7 +9,8 @@
 #   launch/pretrain.sh CONFIG`, torchrun, or one `srun` task per GPU, whose SLURM_* variables are
 #   mapped): runs this rank directly, without set-up (run scripts/setup.sh once beforehand).
 # Other settings: LAUNCHER_ARGS (extra launcher flags), OMP_NUM_THREADS (default: cores / processes),
-#   PYTHON (the interpreter; default: .venv, set up on first use, or an installed package's python).
+#   PYTHON (the interpreter; default: .venv, set up on first use, or an installed package's python),
+#   GPU_DEVICE_NODES (where to look for GPUs before asking torch; default /dev/nvidia* /dev/kfd /dev/dxg).
 # Ports: one node without MASTER_PORT takes a free port (two runs on one machine do not collide);
 #   several nodes use MASTER_PORT or 29500 on every node.
 # Preemption: SIGTERM to this script (or to the whole job), or Ctrl-C, makes the ranks finish their
@@ -62,7 +63,16 @@ if [ -z "${PYTHON:-}" ] || [ "$PYTHON" = "$root/.venv/bin/python" ]; then
   PYTHON="$root/.venv/bin/python"
 fi
 
-gpus="$("$PYTHON" -c 'import torch; print(torch.cuda.device_count() if torch.cuda.is_available() else 0)')"
+# GPUs: torch is asked only where a GPU device node exists (NVIDIA, AMD, WSL); importing it to learn
+# that a CPU machine has none cost 2 s a launch. GPU_DEVICE_NODES replaces the paths looked at.
+gpus=0
+# shellcheck disable=SC2086  # the default paths are globs
+for node in ${GPU_DEVICE_NODES:-/dev/nvidia[0-9]* /dev/kfd /dev/dxg}; do
+  if [ -e "$node" ]; then
+    gpus="$("$PYTHON" -c 'import torch; print(torch.cuda.device_count() if torch.cuda.is_available() else 0)')"
+    break
+  fi
+done
 if [ "$gpus" -gt 0 ]; then
   per_node="${GPUS_PER_NODE:-$gpus}"
 else

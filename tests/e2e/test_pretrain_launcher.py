@@ -36,6 +36,27 @@ def test_bad_config_key_is_refused_before_launch(tmp_path):
     assert not any(tmp_path.iterdir())  # nothing started, nothing written
 
 
+@pytest.mark.parametrize("nodes", ["none", "present"])
+def test_torch_counts_gpus_only_where_a_gpu_device_node_exists(nodes, tmp_path):
+    """On a machine without GPU device nodes the launcher does not import torch to count none; where
+    one exists it asks torch (here it finds none and goes on with NPROC processes)."""
+    log = tmp_path / "python-calls"
+    wrapper = tmp_path / "python"
+    wrapper.write_text(f'#!/bin/sh\necho "$*" >> {log}\nexec {sys.executable} "$@"\n')
+    wrapper.chmod(0o755)
+    node = tmp_path / "kfd"
+    if nodes == "present":
+        node.write_text("")
+    env = child_env(PYTHON=str(wrapper), NPROC="1", GPU_DEVICE_NODES=f"{tmp_path / 'nvidia0'} {node}")
+    result = subprocess.run(["bash", "launch/pretrain.sh", "configs/tiny/mamba2-implicit.yaml", "train.stepz=3",
+                             f"train.output_dir={tmp_path / 'run'}"], cwd=ROOT, env=env, capture_output=True,
+                            text=True, timeout=120)
+    assert result.returncode == 2 and "train.stepz" in result.stderr  # refused by the config check after the count
+    calls = log.read_text().splitlines()
+    assert any("--world-size 1" in call for call in calls), calls
+    assert any("torch.cuda.device_count()" in call for call in calls) == (nodes == "present"), calls
+
+
 def test_a_mistyped_data_prefix_is_refused_before_launch(shakespeare_shards, tmp_path):
     typo = shakespeare_shards + "_typo"
     result = pretrain("configs/tiny/mamba2-implicit.yaml", f"data.prefixes=[{typo}]", f"train.output_dir={tmp_path}")
