@@ -52,6 +52,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from implicit_megatron.utils.sweep_runs import checkpoint_interval, finished, publish, seed_list, train_run  # noqa: E402
+
 CONFIGS = ROOT / "configs" / "state_tracking"
 TEST_SEED = 10_000  # test words: seeds far from every training seed (data.seed + seed)
 
@@ -94,33 +96,10 @@ def overrides(args: argparse.Namespace, model: str, out: Path, seed: int) -> lis
     return [*result, *args.extra]
 
 
-def checkpoint_interval(steps: int) -> int:
-    """A tenth of the run: a sweep stopped (Ctrl-C, a killed job) and launched again resumes each
-    unfinished run from its last checkpoint and loses at most that much training."""
-    return max(1, math.ceil(steps / 10))
-
-
-def finished(out: Path, steps: int) -> bool:
-    latest = out / "checkpoints" / "latest"
-    return latest.is_file() and latest.read_text().strip().endswith(f"step{steps}")
-
-
 def train(model: str, seed: int, args: argparse.Namespace, out: Path) -> None:
     """Train one (model, seed) through the launcher, its progress on stderr as it trains."""
-    from implicit_megatron.utils.train_progress import run_with_progress
-
-    if finished(out, args.steps):
-        print(f"[state_tracking] {model} seed {seed}: finished run in {out}, not trained again", flush=True)
-        return
-    latest = out / "checkpoints" / "latest"
-    started = f", resuming from {latest.read_text().strip()}" if latest.is_file() else ""
-    print(f"[state_tracking] {model} seed {seed}: training into {out}{started}", flush=True)
-    env = {**os.environ, "NPROC": str(args.nproc), "PYTHON": sys.executable}
-    result = run_with_progress(["bash", "launch/pretrain.sh", str(config_of(model, args.recipe)),
-                                *overrides(args, model, out, seed)], f"[state_tracking] {model} seed {seed}",
-                               cwd=ROOT, env=env)
-    if result.returncode != 0:
-        raise SystemExit(f"state_tracking: {model} seed {seed} failed:\n{result.stdout[-6000:]}")
+    train_run(config_of(model, args.recipe), overrides(args, model, out, seed), out, args.steps,
+              f"[state_tracking] {model} seed {seed}", args.nproc)
 
 
 def step_seconds(model: str, args: argparse.Namespace) -> float:
@@ -244,18 +223,6 @@ def words_per_length(text: str) -> tuple[int, dict[int, int]]:
     return default, exceptions
 
 
-def seed_list(text: str) -> list[int]:
-    """'3' -> seeds 0, 1, 2; '0,2' or '2,' -> those seeds."""
-    try:
-        seeds = [int(s) for s in text.split(",") if s] if "," in text else list(range(int(text)))
-    except ValueError:
-        raise SystemExit(f"state_tracking: --seeds {text!r}: give a count (3) or a list (0,2 or 2,)") from None
-    if not seeds or min(seeds) < 0:
-        raise SystemExit(f"state_tracking: --seeds {text!r} names no seed to train; give a count of at least 1 "
-                         "or a list of seeds from 0 (e.g. 0,2)")
-    return seeds
-
-
 def parse(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", default="explicit-1l,explicit-2l,explicit-4l,implicit")
@@ -291,7 +258,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     args.test_words, args.words_at = words_per_length(args.test_words)
     if args.test_tol is not None and args.test_tol <= 0:
         raise SystemExit(f"state_tracking: --test-tol must be above 0, got {args.test_tol}")
-    args.seeds = seed_list(args.seeds)
+    args.seeds = seed_list(args.seeds, "state_tracking")
     args.models = [m for m in args.models.split(",") if m]
     if not args.models:
         raise SystemExit("state_tracking: --models names no model (e.g. explicit-1l,implicit)")
@@ -307,7 +274,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     from data_pipeline.synthetic.algebra import get_algebra
-    from implicit_megatron.evaluation.state_tracking_report import tables, write_page, write_sweep
+    from implicit_megatron.evaluation import state_tracking_report as report
 
     args = parse(argv)
     argv = sys.argv[1:] if argv is None else argv
@@ -340,13 +307,7 @@ def main(argv: list[str] | None = None) -> int:
                                 f"{args.test_tol or 'as trained'}.")}
     results = {"command": "python tools/state_tracking.py " + shlex.join(argv), "settings": settings, "runs": runs,
                "notes": args.notes}
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / "results.json").write_text(json.dumps(results, indent=1, sort_keys=True) + "\n")
-    print(tables(results))
-    if args.page:
-        page = Path(args.page)
-        write_sweep(results, page.with_suffix(""), args.tag)
-        print(f"[state_tracking] wrote {write_page(page)}")
+    publish(results, folder, report, args.page, args.tag, "[state_tracking]")
     return 0
 
 

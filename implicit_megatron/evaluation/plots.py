@@ -58,6 +58,18 @@ def duality_plot(duality: dict, label: str, out: Path) -> Path:
     return _save(plt, fig, ax, "ppl sequential − ppl simultaneous", title, out, legend=False)
 
 
+def finish(plt, fig, ax, xlabel: str, ylabel: str, title: str, out: Path) -> Path:
+    """Label a sweep page's figure (a small legend), write the PNG, free the figure."""
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.legend(fontsize="small")
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out
+
+
 def _save(plt, fig, ax, ylabel: str, title: str, out: Path, legend: bool) -> Path:
     """Every plot here has token positions on x; label, title, write the PNG, free the figure."""
     ax.set_xlabel("token position")

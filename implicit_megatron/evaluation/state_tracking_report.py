@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from implicit_megatron.evaluation.plots import pyplot
+from implicit_megatron.evaluation.plots import finish, pyplot
 
 PAGE_HEADER = """# State tracking: explicit against implicit Mamba2
 
@@ -100,14 +100,8 @@ def plot(results: dict, metric: str, ylabel: str, out: Path) -> Path:
     ax.axvline(results["settings"]["length"], color="0.6", linestyle=":", label="trained length")
     if metric == "accuracy" and results["settings"].get("chance"):
         ax.axhline(results["settings"]["chance"], color="0.3", linestyle="--", linewidth=0.8, label="chance")
-    ax.set_xlabel("word length")
-    ax.set_ylabel(ylabel)
-    ax.set_title(f"{results['settings']['algebra']}: {ylabel} against length")
-    ax.legend(fontsize="small")
-    fig.tight_layout()
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
-    return out
+    return finish(plt, fig, ax, "word length", ylabel, f"{results['settings']['algebra']}: {ylabel} against length",
+                  out)
 
 
 def write_sweep(results: dict, folder: Path, tag: str) -> list[Path]:
