@@ -90,7 +90,6 @@ def curves_plot(results: dict, out: Path) -> Path:
         for k, run in enumerate(seeds.values()):
             tokens, ppl = zip(*run["curve"]) if run["curve"] else ((), ())
             ax.plot(tokens, ppl, marker=".", color=f"C{index}", alpha=0.8, label=model if k == 0 else None)
-    ax.set_yscale("log")
     return finish(plt, fig, ax, "training tokens", "validation perplexity", "Validation perplexity against tokens",
                   out)
 
