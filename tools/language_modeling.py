@@ -1,13 +1,14 @@
 """Language modelling: explicit against implicit Mamba2 on the same tokens, over seeds, tested at
 1x to 8x the trained length.
 
-    python tools/language_modeling.py [--config configs/quickstart.yaml] [--models explicit,implicit]
+    python tools/language_modeling.py [--config configs/quickstart.yaml] [--models explicit,implicit-4p1,implicit]
         [--seeds 3|0,2] [--lengths 1,2,4,8] [--eval-windows N] [--output runs/language_modeling]
         [--tag NAME] [--page docs/results/language_modeling.md] [--notes TEXT] [key=value ...]
 
 Each (model, seed) trains CONFIG through launch/pretrain.sh into OUTPUT/TAG/<model>/seed<k>:
-implicit is CONFIG as it is (its curriculum included), explicit the same model with
-implicit.enabled=false and no curriculum. Seed k sets train.seed and data.seed for both, so the
+implicit is CONFIG as it is (its curriculum included), implicit-4p1 the same model trained (4+1)
+for all its steps (one bounded phase: 4 passes, 1 phantom step; the paper's "(4+1)" rows), explicit
+the same model with implicit.enabled=false and no curriculum. Seed k sets train.seed and data.seed for both, so the
 two models of a seed start from the same initialisation seed and see the same tokens in the same
 order. Runs save every tenth of their steps: a stopped sweep resumes when its command runs again,
 and a finished run is not trained again. Then every final checkpoint is tested as
@@ -15,9 +16,10 @@ and a finished run is not trained again. Then every final checkpoint is tested a
 same test windows for every run (packed with one seed); a run's results are kept in its
 evaluation/ folder and reused while its checkpoint and the lengths are the same.
 It prints the tables and writes OUTPUT/TAG/results.json; --page also saves the sweep beside the
-page (<page stem>/TAG.json and two PNGs: per-position perplexity at the longest length, and
-validation perplexity against tokens) and rebuilds the page from every sweep saved there. Extra
-key=value arguments go to every training run (e.g. train.steps=400).
+page (<page stem>/TAG.json and three PNGs: per-position perplexity at the longest length,
+validation perplexity against tokens, and tools/plot_run.py's panels of each model's first seed)
+and rebuilds the page from every sweep saved there. Extra key=value arguments go to every
+training run (e.g. train.steps=400 train.eval_interval=20).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import shlex
+import subprocess
 import sys
 from pathlib import Path
 
@@ -32,15 +35,19 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from implicit_megatron.utils.sweep_runs import checkpoint_interval, publish, seed_list, train_run  # noqa: E402
 
-MODELS = ("explicit", "implicit")
+MODELS = ("explicit", "implicit-4p1", "implicit")
+BOUNDED_4P1 = "curriculum.phases=[{name: bounded, kind: bounded, fraction: 1.0, max_iter: 4, phantom_steps: 1}]"
 EVAL_SEED = 4321  # the test windows' packing seed: the same windows for every run of a sweep
 
 
 def overrides(args: argparse.Namespace, model: str, out: Path, seed: int) -> list[str]:
-    result = [*args.extra, f"train.output_dir={out}", f"train.seed={seed}", f"data.seed={1234 + seed}",
+    result = [*args.extra, f"name={args.name}-{model}", f"train.output_dir={out}", f"train.seed={seed}",
+              f"data.seed={1234 + seed}",
               f"checkpoint.interval={checkpoint_interval(args.steps)}", "tracking.enabled=false"]
     if model == "explicit":
         result += ["implicit.enabled=false", "curriculum.phases=[]"]
+    elif model == "implicit-4p1":
+        result += ["implicit.enabled=true", BOUNDED_4P1]
     return result
 
 
@@ -80,6 +87,19 @@ def run_result(out: Path, evaluation: dict, args: argparse.Namespace) -> dict:
             "val_ppl": validation[max(validation)], "lengths": lengths}
 
 
+def overlay(folder: Path, args: argparse.Namespace) -> None:
+    """tools/plot_run.py's panels (loss, passes, residual, ...) of the first seed of every model on one
+    figure, saved beside the page as <tag>-runs.png."""
+    seed = args.seeds[0]
+    png = Path(args.page).with_suffix("") / f"{args.tag}-runs.png"
+    png.parent.mkdir(parents=True, exist_ok=True)
+    cmd = [sys.executable, str(ROOT / "tools" / "plot_run.py"), *(str(folder / m / f"seed{seed}") for m in args.models),
+           "--output", str(png), "--title", f"{args.tag}: seed {seed} of each model"]
+    result = subprocess.run(cmd, capture_output=True, text=True)
+    if result.returncode != 0:
+        raise SystemExit(f"language_modeling: {shlex.join(cmd)} failed:\n{result.stderr[-3000:]}")
+
+
 def parse(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", default="configs/quickstart.yaml")
@@ -112,6 +132,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     try:  # every model's config, before anything trains
         cfg = read_config(args.config, args.extra)
         args.steps, args.seq_len, args.batch = cfg.train.steps, cfg.data.seq_len, cfg.train.global_batch_size
+        args.name = cfg.name
         args.data = str(ROOT / cfg.data.prefixes[0])  # its test split; an absolute prefix stays as it is
         for model in args.models:
             read_config(args.config, overrides(args, model, Path(args.output), 0))
@@ -148,6 +169,8 @@ def main(argv: list[str] | None = None) -> int:
                                 f"({args.eval_windows or 'all'} windows per length, packed with seed {EVAL_SEED}).")}
     results = {"command": "python tools/language_modeling.py " + shlex.join(argv), "settings": settings,
                "runs": runs, "notes": args.notes}
+    if args.page:
+        overlay(folder, args)
     publish(results, folder, report, args.page, args.tag, "[language_modeling]")
     return 0
 

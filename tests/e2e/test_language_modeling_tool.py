@@ -47,6 +47,7 @@ def test_language_modeling_sweep(shakespeare_shards, tmp_path):
     text = page.read_text()
     assert "## tiny" in text and "| model | L64 | L128 |" in text and "--eval-windows 2" in text
     assert (page.parent / "language_modeling" / "tiny-positions.png").is_file()
+    assert (page.parent / "language_modeling" / "tiny-runs.png").is_file() and "/tiny-runs.png)" in text
 
     again = sweep(shakespeare_shards, tmp_path / "runs", page)
     assert again.returncode == 0 and again.stdout.count("not trained again") == 2
@@ -56,7 +57,7 @@ def test_language_modeling_sweep(shakespeare_shards, tmp_path):
 
 
 def test_bad_settings_are_refused_before_anything_trains(tmp_path):
-    for extra, expected in ((["--models", "explicit,llama"], "--models llama: choose from explicit, implicit"),
+    for extra, expected in ((["--models", "explicit,llama"], "--models llama: choose from explicit"),
                             (["--lengths", "2,4"], "start at 1"),
                             (["train.stepz=3"], "train.stepz: unknown key")):
         result = subprocess.run([sys.executable, "tools/language_modeling.py", "--output", str(tmp_path), *extra],
