@@ -13,6 +13,7 @@ import sys
 
 import pytest
 from support.processes import ROOT, child_env, free_port
+from support.tools import load_tool
 
 
 def sweep(out, page, *extra: str) -> subprocess.CompletedProcess:
@@ -25,17 +26,13 @@ def sweep(out, page, *extra: str) -> subprocess.CompletedProcess:
 
 
 def L12_accuracy(run) -> float:  # noqa: N802 - the set's name
-    import importlib.util
-
     import torch
 
     from data_pipeline.synthetic.word_problem import generate
     from implicit_megatron.builder import build_model
     from implicit_megatron.hf.export import read_checkpoint
 
-    spec = importlib.util.spec_from_file_location("state_tracking_tool", ROOT / "tools/state_tracking.py")
-    tool = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(tool)
+    tool = load_tool("state_tracking")
     args = tool.parse(["--algebra", "Z2", "--length", "8", "--test-lengths", "8,12", "--test-words", "8"])
     length, p, words = tool.test_sets(args)["L12"]
     inputs, labels = (torch.from_numpy(a.astype("int64")) for a in generate("Z2", words, length, p,

@@ -6,13 +6,13 @@ says how to run them. Here only the skip, the shell's syntax and the stand-in ba
 
 from __future__ import annotations
 
-import importlib.util
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from support.tools import load_tool
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "tools" / "container_smoke.sh"
@@ -79,10 +79,7 @@ def test_shell_scripts_pass_shellcheck(script):
 
 
 def test_standin_base_passes_hadolint():
-    spec = importlib.util.spec_from_file_location("check_dockerfiles", ROOT / "tools" / "check_dockerfiles.py")
-    checker = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = checker  # dataclasses look their module up there
-    spec.loader.exec_module(checker)
+    checker = load_tool("check_dockerfiles")
     path = ROOT / "docker" / "standin-base.Dockerfile"
     found = checker.hadolint(path, "docker/standin-base.Dockerfile")
     if found and "hadolint is not installed" in found[0]:

@@ -6,12 +6,12 @@ The broken images are the repository's own with one change, so each test fails o
 
 from __future__ import annotations
 
-import importlib.util
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from support.tools import load_tool
 
 ROOT = Path(__file__).resolve().parents[2]
 ROCM, CUDA = ROOT / "Dockerfile", ROOT / "docker" / "cuda.Dockerfile"
@@ -27,11 +27,7 @@ dev = ["transformers>=4.46"]
 
 
 def load_checker():
-    spec = importlib.util.spec_from_file_location("check_dockerfiles", ROOT / "tools" / "check_dockerfiles.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
+    return load_tool("check_dockerfiles")
 
 
 checker = load_checker()

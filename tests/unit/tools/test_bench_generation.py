@@ -3,18 +3,7 @@ numbers are the benchmarks' to report, not the suite's)."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-
-from support.processes import ROOT
-
-
-def load_tool(name: str):
-    spec = importlib.util.spec_from_file_location(name, ROOT / f"tools/{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+from support.tools import load_tool
 
 
 def test_the_serving_table_has_a_row_per_batch_and_start(exports, capsys):

@@ -3,7 +3,6 @@ on the CPU emulation of CUDA graphs (the speed table and the fused kernels need 
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import subprocess
 import sys
@@ -12,14 +11,11 @@ import torch
 import torch.distributed as dist
 from support.cuda_graph_emulation import emulated
 from support.processes import ROOT
+from support.tools import load_tool
 
 
-def load_tool():
-    spec = importlib.util.spec_from_file_location("gpu_check", ROOT / "tools/gpu_check.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["gpu_check"] = module  # its dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
+def gpu_check_tool():
+    return load_tool("gpu_check")
 
 
 def test_help_and_a_machine_without_a_gpu():
@@ -36,7 +32,7 @@ def test_help_and_a_machine_without_a_gpu():
 
 
 def test_the_graph_and_collective_checks_pass_on_the_emulation():
-    tool = load_tool()
+    tool = gpu_check_tool()
     with emulated():
         lines = tool.graph_lines("tiny/llama-implicit", torch.device("cpu"), torch.float64, 2, 16,
                                  "model.vocab_size=101")

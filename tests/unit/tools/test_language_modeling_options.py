@@ -3,22 +3,17 @@ reads it (nothing trains here; the sweep itself is tested end to end in tests/e2
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
+from support.tools import load_tool
 
 ROOT = Path(__file__).resolve().parents[3]
 
 
 @pytest.fixture(scope="module")
 def tool():
-    spec = importlib.util.spec_from_file_location("language_modeling_tool", ROOT / "tools/language_modeling.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_tool("language_modeling")
 
 
 def trained(tool, model: str, *extra: str):

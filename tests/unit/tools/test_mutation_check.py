@@ -4,23 +4,19 @@ breaks' tests is the tool's (several minutes), not the suite's."""
 
 from __future__ import annotations
 
-import importlib.util
 import subprocess
 import sys
 
 from support.processes import ROOT
+from support.tools import load_tool
 
 
-def load_tool():
-    spec = importlib.util.spec_from_file_location("mutation_check", ROOT / "tools/mutation_check.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclass looks its module up
-    spec.loader.exec_module(module)
-    return module
+def mutation_check_tool():
+    return load_tool("mutation_check")
 
 
 def test_every_break_applies_to_the_source_and_names_tests_that_exist():
-    tool = load_tool()
+    tool = mutation_check_tool()
     assert len(tool.BREAKS) >= 15 and len({b.name for b in tool.BREAKS}) == len(tool.BREAKS)
     for b in tool.BREAKS:
         assert tool.applies(b) is None, f"{b.name}: {tool.applies(b)}"
@@ -35,6 +31,6 @@ def test_a_break_that_no_longer_applies_is_an_error_in_the_table(tmp_path):
     listed = subprocess.run([sys.executable, "tools/mutation_check.py", "--list"], cwd=ROOT, capture_output=True,
                             text=True, timeout=60)
     assert listed.returncode == 0 and "solver-stop-rule" in listed.stdout
-    tool = load_tool()
+    tool = mutation_check_tool()
     gone = tool.Break("gone", "implicit_megatron/implicit/phantom.py", "no such line", "x", ("tests",), "a test")
     assert tool.applies(gone) == "its snippet occurs 0 times in implicit_megatron/implicit/phantom.py"

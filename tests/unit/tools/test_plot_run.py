@@ -3,7 +3,6 @@ phases as token spans) and two runs drawn into one PNG; a folder without metrics
 
 from __future__ import annotations
 
-import importlib.util
 import math
 import subprocess
 import sys
@@ -11,6 +10,7 @@ import sys
 import pytest
 import yaml
 from support.processes import ROOT
+from support.tools import load_tool
 
 from implicit_megatron.config import Config, CurriculumConfig, PhaseConfig
 from implicit_megatron.tracking.metrics_file import append_metrics
@@ -82,7 +82,7 @@ def test_phases_are_shaded_where_the_run_trained_them(tmp_path):
 def test_runs_and_phases_never_share_a_colour():
     from matplotlib.colors import to_rgb
 
-    tool = load_tool()
+    tool = plot_run_tool()
     runs = {to_rgb(f"C{i}") for i in range(10)}  # the colours the runs' lines take
     assert not runs & {to_rgb(colour) for colour in tool.PHASE_COLOURS}
 
@@ -93,11 +93,8 @@ def test_records_of_one_step_merge_in_file_order():
     assert merged == {1: {"step": 1, "a": 5.0}, 3: {"step": 3, "a": 7.0, "b": 2.0}}
 
 
-def load_tool():
-    spec = importlib.util.spec_from_file_location("plot_run", ROOT / "tools/plot_run.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+def plot_run_tool():
+    return load_tool("plot_run")
 
 
 def test_two_runs_are_drawn_into_one_png(tmp_path):
@@ -106,7 +103,7 @@ def test_two_runs_are_drawn_into_one_png(tmp_path):
     first = make_run(tmp_path / "implicit", "tiny-implicit", implicit=True)
     second = make_run(tmp_path / "explicit", "tiny-explicit", implicit=False, loss_shift=0.3)
     out = tmp_path / "plots" / "runs.png"
-    assert load_tool().main([str(first), str(second), "--output", str(out)]) == 0
+    assert plot_run_tool().main([str(first), str(second), "--output", str(out)]) == 0
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     image = imread(out)
     assert image.shape[0] > 600 and image.shape[1] > 1200

@@ -3,22 +3,17 @@ that let a stopped sweep resume, and the estimate it prints before training."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
+from support.tools import load_tool
 
 ROOT = Path(__file__).resolve().parents[3]
 
 
 @pytest.fixture(scope="module")
 def tool():
-    spec = importlib.util.spec_from_file_location("state_tracking_tool", ROOT / "tools/state_tracking.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_tool("state_tracking")
 
 
 def test_seeds_are_a_count_or_a_list(tool):
