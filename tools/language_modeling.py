@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import json
 import shlex
-import subprocess
 import sys
 from pathlib import Path
 
@@ -85,19 +84,6 @@ def run_result(out: Path, evaluation: dict, args: argparse.Namespace) -> dict:
     return {"parameters": evaluation["model"]["parameters"], "tokens": args.steps * tokens_per_step,
             "curve": [[step * tokens_per_step, ppl] for step, ppl in sorted(validation.items())],
             "val_ppl": validation[max(validation)], "lengths": lengths}
-
-
-def overlay(folder: Path, args: argparse.Namespace) -> None:
-    """tools/plot_run.py's panels (loss, passes, residual, ...) of the first seed of every model on one
-    figure, saved beside the page as <tag>-runs.png."""
-    seed = args.seeds[0]
-    png = Path(args.page).with_suffix("") / f"{args.tag}-runs.png"
-    png.parent.mkdir(parents=True, exist_ok=True)
-    cmd = [sys.executable, str(ROOT / "tools" / "plot_run.py"), *(str(folder / m / f"seed{seed}") for m in args.models),
-           "--output", str(png), "--title", f"{args.tag}: seed {seed} of each model"]
-    result = subprocess.run(cmd, capture_output=True, text=True)
-    if result.returncode != 0:
-        raise SystemExit(f"language_modeling: {shlex.join(cmd)} failed:\n{result.stderr[-3000:]}")
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
@@ -169,9 +155,8 @@ def main(argv: list[str] | None = None) -> int:
                                 f"({args.eval_windows or 'all'} windows per length, packed with seed {EVAL_SEED}).")}
     results = {"command": "python tools/language_modeling.py " + shlex.join(argv), "settings": settings,
                "runs": runs, "notes": args.notes}
-    if args.page:
-        overlay(folder, args)
-    publish(results, folder, report, args.page, args.tag, "[language_modeling]")
+    publish(results, folder, report, args.page, args.tag, "[language_modeling]",
+            [folder / model / f"seed{args.seeds[0]}" for model in args.models])
     return 0
 
 

@@ -26,7 +26,9 @@ each pass changes only the positions not yet resolved, it can stop while most ar
 (implicit.eval_stop=sequence; sets suffixed -own, on the same words).
 --sequential adds token-by-token evaluation at the training length (the released final metric).
 It prints the tables and writes OUTPUT/TAG/results.json; --page also saves the sweep beside the
-page (<page stem>/TAG.json and two PNGs) and rebuilds the page from every sweep saved there.
+page (<page stem>/TAG.json and three PNGs: accuracy and passes against length, and
+tools/plot_run.py's training curves of each model's first seed) and rebuilds the page from every
+sweep saved there.
 Extra key=value arguments go to every training run. Tables give mean ± sd over seeds and the
 95 % bootstrap interval of the mean.
 
@@ -307,7 +309,8 @@ def main(argv: list[str] | None = None) -> int:
                                 f"{args.test_tol or 'as trained'}.")}
     results = {"command": "python tools/state_tracking.py " + shlex.join(argv), "settings": settings, "runs": runs,
                "notes": args.notes}
-    publish(results, folder, report, args.page, args.tag, "[state_tracking]")
+    publish(results, folder, report, args.page, args.tag, "[state_tracking]",
+            [folder / model / f"seed{args.seeds[0]}" for model in args.models])
     return 0
 
 

@@ -125,6 +125,8 @@ def write_page(page: Path) -> Path:
                      tables(results),
                      f"![accuracy against length]({folder.name}/{tag}-accuracy.png) "
                      f"![passes against length]({folder.name}/{tag}-passes.png)", ""]
+        if (folder / f"{tag}-runs.png").is_file():  # tools/plot_run.py's panels, drawn from the run folders
+            sections += [f"![training of each model (tools/plot_run.py)]({folder.name}/{tag}-runs.png)", ""]
         if results.get("notes"):
             sections += [results["notes"], ""]
     page.write_text("\n".join(sections).rstrip() + "\n")

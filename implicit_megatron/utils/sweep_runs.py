@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 import math
 import os
+import shlex
+import subprocess
 import sys
 from pathlib import Path
 
@@ -53,12 +55,28 @@ def train_run(config: Path, overrides: list[str], out: Path, steps: int, label: 
         raise SystemExit(f"{label} failed:\n{result.stdout[-6000:]}")
 
 
-def publish(results: dict, folder: Path, report, page: str | None, tag: str, label: str) -> None:
+def draw_runs(run_folders: list[Path], png: Path, title: str) -> Path:
+    """tools/plot_run.py's panels (loss, passes, residual, accuracy, ...) of `run_folders` on one figure."""
+    png.parent.mkdir(parents=True, exist_ok=True)
+    cmd = [sys.executable, str(ROOT / "tools" / "plot_run.py"), *map(str, run_folders), "--output", str(png),
+           "--title", title]
+    result = subprocess.run(cmd, capture_output=True, text=True)
+    if result.returncode != 0:
+        raise SystemExit(f"{shlex.join(cmd)} failed:\n{result.stderr[-3000:]}")
+    return png
+
+
+def publish(results: dict, folder: Path, report, page: str | None, tag: str, label: str,
+            run_folders: list[Path] = ()) -> None:
     """Write FOLDER/results.json and print the sweep's tables; with `page`, save the sweep beside the
-    page and rebuild it. `report`: the module with the sweep's tables, write_sweep and write_page."""
+    page (with `run_folders`' training curves as <tag>-runs.png) and rebuild it. `report`: the module
+    with the sweep's tables, write_sweep and write_page."""
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "results.json").write_text(json.dumps(results, indent=1, sort_keys=True) + "\n")
     print(report.tables(results))
     if page:
-        report.write_sweep(results, Path(page).with_suffix(""), tag)
+        saved = Path(page).with_suffix("")
+        if run_folders:
+            draw_runs(run_folders, saved / f"{tag}-runs.png", f"{tag}: training of each model's first seed")
+        report.write_sweep(results, saved, tag)
         print(f"{label} wrote {report.write_page(Path(page))}")

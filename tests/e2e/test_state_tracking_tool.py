@@ -77,6 +77,7 @@ def test_state_tracking_sweep(tmp_path):
     text = page.read_text()
     assert "## Z2-L8-released: Z2, trained at length 8" in text and "--recipe released" in text
     assert (page.parent / "state_tracking" / "Z2-L8-released-accuracy.png").is_file()
+    assert (page.parent / "state_tracking" / "Z2-L8-released-runs.png").is_file() and "released-runs.png)" in text
     # Again with one more test length: nothing is trained, and only the new set is tested (the
     # others' words depend on their names alone, and their saved results are reused).
     again = sweep(tmp_path / "runs", page, "--test-lengths", "8,12,16", "--test-words", "8,16:4")
