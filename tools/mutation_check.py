@@ -96,7 +96,7 @@ BREAKS = [
     Break("released-norm-eps", "implicit_megatron/hf/released.py",
           '"model.norm_eps=1e-05"', '"model.norm_eps=1e-06"',
           ("tests/unit/test_import_released.py",), "the released models imported with another RMSNorm epsilon"),
-    Break("plot-one-run", "tools/plot_run.py",
+    Break("plot-one-run", "implicit_megatron/evaluation/run_plot.py",
           "    for index, run in enumerate(runs):\n        for key, validation in keys:",
           "    for index, run in enumerate(runs[:1]):\n        for key, validation in keys:",
           ("tests/unit/tools/test_plot_run.py",), "plot_run draws only the first run"),

@@ -7,8 +7,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import shlex
-import subprocess
 import sys
 from pathlib import Path
 
@@ -57,13 +55,10 @@ def train_run(config: Path, overrides: list[str], out: Path, steps: int, label: 
 
 def draw_runs(run_folders: list[Path], png: Path, title: str) -> Path:
     """tools/plot_run.py's panels (loss, passes, residual, accuracy, ...) of `run_folders` on one figure."""
-    png.parent.mkdir(parents=True, exist_ok=True)
-    cmd = [sys.executable, str(ROOT / "tools" / "plot_run.py"), *map(str, run_folders), "--output", str(png),
-           "--title", title]
-    result = subprocess.run(cmd, capture_output=True, text=True)
-    if result.returncode != 0:
-        raise SystemExit(f"{shlex.join(cmd)} failed:\n{result.stderr[-3000:]}")
-    return png
+    from implicit_megatron.evaluation.run_plot import plot
+    from implicit_megatron.tracking.run_curves import read_run
+
+    return plot([read_run(folder) for folder in run_folders], png, title)
 
 
 def publish(results: dict, folder: Path, report, page: str | None, tag: str, label: str,

@@ -82,9 +82,10 @@ def test_phases_are_shaded_where_the_run_trained_them(tmp_path):
 def test_runs_and_phases_never_share_a_colour():
     from matplotlib.colors import to_rgb
 
-    tool = plot_run_tool()
+    from implicit_megatron.evaluation.run_plot import PHASE_COLOURS
+
     runs = {to_rgb(f"C{i}") for i in range(10)}  # the colours the runs' lines take
-    assert not runs & {to_rgb(colour) for colour in tool.PHASE_COLOURS}
+    assert not runs & {to_rgb(colour) for colour in PHASE_COLOURS}
 
 
 def test_records_of_one_step_merge_in_file_order():

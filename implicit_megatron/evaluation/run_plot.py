@@ -1,0 +1,129 @@
+"""The panels of tools/plot_run.py: one or more runs' curves against tokens in one PNG (loss,
+perplexity, learning rate, solver passes and residual, and accuracy or the gradient norm), the
+curriculum's phases shaded. Reads `RunCurves` (tracking.run_curves) only."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+# phases are shaded in hues no run line takes (runs are drawn in matplotlib's C0, C1, ...: tab:blue, tab:orange, ...)
+PHASE_COLOURS = ["khaki", "lightsteelblue", "thistle", "darkseagreen", "lightsalmon", "lightgray"]
+# title, y label, [(metric key, validation?)], log scale
+PANELS = [
+    ("Loss", "loss", [("train/loss", False), ("val/loss", True)], False),
+    ("Perplexity (training: exp of the loss)", "perplexity", [("train/ppl", False), ("val/ppl", True)], True),
+    ("Learning rate", "learning rate", [("train/lr", False)], False),
+    ("Solver passes per forward", "passes", [("solver/iterations", False), ("val/solver_iterations", True)], False),
+    ("Solver residual (worst in interval)", "relative residual", [("solver/residual", False)], True),
+]
+GRAD_NORM = ("Gradient norm", "norm", [("train/grad_norm", False)], True)
+ACCURACY = ("Accuracy", "accuracy", [("train/accuracy", False), ("val/accuracy", True)], False)
+VALIDATION_STYLE = {"linestyle": "--", "marker": "o", "markersize": 3}
+
+
+def with_train_ppl(run):
+    """exp(train/loss) as train/ppl: a training perplexity to set beside the validation one."""
+    if run.has("train/loss") and not run.has("train/ppl"):
+        tokens, losses = run.series["train/loss"]
+        run.series["train/ppl"] = (tokens, [math.exp(min(v, 700.0)) for v in losses])
+    return run
+
+
+def panels_for(runs) -> list[tuple]:
+    """The five panels every run has, and accuracy (tasks that report it) or the gradient norm."""
+    sixth = ACCURACY if any(run.has("train/accuracy") or run.has("val/accuracy") for run in runs) else GRAD_NORM
+    return [*PANELS, sixth]
+
+
+def legend_names(runs) -> list[str]:
+    """Each run by its config name; with its folder's name, or whole path, where names repeat."""
+    def repeated(names):
+        return [names.count(name) > 1 for name in names]
+
+    names = [run.name for run in runs]
+    names = [f"{run.name} ({run.folder.name})" if twice else name
+             for run, name, twice in zip(runs, names, repeated(names))]
+    return [f"{run.name} ({run.folder})" if twice else name for run, name, twice in zip(runs, names, repeated(names))]
+
+
+def phase_colours(runs) -> dict[tuple[str, str], str]:
+    """A colour per distinct phase (name and settings), in the order the runs bring them."""
+    keys = list(dict.fromkeys((span.name, span.label) for run in runs for span in run.phases))
+    return {key: PHASE_COLOURS[i % len(PHASE_COLOURS)] for i, key in enumerate(keys)}
+
+
+def shade_phases(ax, runs, colours) -> None:
+    """Each distinct phase span shaded once; each run's phase changes as dotted lines in its colour."""
+    seen = set()
+    for index, run in enumerate(runs):
+        for span in run.phases:
+            key = (span.name, span.label, span.start_tokens, span.end_tokens)
+            if key not in seen:
+                seen.add(key)
+                ax.axvspan(span.start_tokens, span.end_tokens, color=colours[(span.name, span.label)], alpha=0.35,
+                           zorder=0, linewidth=0)
+            if span.first_step > 0:
+                ax.axvline(span.start_tokens, color=f"C{index}", linestyle=":", linewidth=0.8, zorder=1)
+
+
+def token_text(tokens: float, _position=None) -> str:
+    """Tick labels in thousands, millions, billions of tokens."""
+    for scale, suffix in ((1e12, "T"), (1e9, "B"), (1e6, "M"), (1e3, "K")):
+        if abs(tokens) >= scale:
+            return f"{tokens / scale:g}{suffix}"
+    return f"{tokens:g}"
+
+
+def draw_panel(ax, panel, runs) -> None:
+    title, ylabel, keys, log = panel
+    drawn = [run.series[key][1] for run in runs for key, _ in keys if run.has(key)]
+    for index, run in enumerate(runs):
+        for key, validation in keys:
+            if run.has(key):
+                tokens, values = run.series[key]
+                ax.plot(tokens, values, color=f"C{index}", **(VALIDATION_STYLE if validation else {"linewidth": 1.2}))
+    if not drawn:
+        ax.text(0.5, 0.5, "not logged by these runs", transform=ax.transAxes, ha="center", va="center", color="0.5")
+    elif log and all(v > 0 for values in drawn for v in values):
+        ax.set_yscale("log")
+    ax.set_title(title, fontsize=10)
+    ax.set_xlabel("tokens")
+    ax.set_ylabel(ylabel)
+    ax.grid(alpha=0.3)
+    ax.xaxis.set_major_formatter(token_text)
+
+
+def legend(fig, runs, names, colours) -> None:
+    """One legend for the figure: the runs by colour, training and validation by style, the phases."""
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch
+
+    handles = [Line2D([], [], color=f"C{i}", linewidth=2, label=name) for i, name in enumerate(names)]
+    handles += [Line2D([], [], color="0.3", linewidth=1.2, label="training"),
+                Line2D([], [], color="0.3", label="validation", **VALIDATION_STYLE)]
+    handles += [Patch(color=colour, alpha=0.5, label=f"phase {name} {label}") for (name, label), colour in
+                colours.items()]
+    fig.legend(handles=handles, loc="lower center", ncol=min(len(handles), 4), fontsize=8, frameon=False)
+
+
+def plot(runs, output: Path, title: str | None = None) -> Path:
+    """Every panel for these runs into one PNG at `output`."""
+    from implicit_megatron.evaluation.plots import pyplot
+
+    plt = pyplot()
+    runs = [with_train_ppl(run) for run in runs]
+    names, colours = legend_names(runs), phase_colours(runs)
+    fig, axes = plt.subplots(2, 3, figsize=(16, 9), sharex=True)
+    for ax, panel in zip(axes.flat, panels_for(runs)):
+        shade_phases(ax, runs, colours)
+        draw_panel(ax, panel, runs)
+        ax.tick_params(labelbottom=True)
+    legend(fig, runs, names, colours)
+    rows = math.ceil((len(runs) + 2 + len(colours)) / 4)
+    fig.suptitle(title or ", ".join(names))
+    fig.tight_layout(rect=(0, 0.025 * rows + 0.01, 1, 1))
+    output.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(output, dpi=110)
+    plt.close(fig)
+    return output
