@@ -79,6 +79,12 @@ def yaml_value(p: float | None) -> str:
     return "null" if p is None else str(p)
 
 
+def scan_chunk(length: int) -> int:
+    """The SSD scan's chunk for words of `length`: 64, or the power of two that covers a shorter word
+    (the scan pads a word to whole chunks; the function computed is the same for any chunk)."""
+    return min(64, 1 << max(0, length - 1).bit_length())
+
+
 def overrides(args: argparse.Namespace, model: str, out: Path, seed: int) -> list[str]:
     from data_pipeline.synthetic.algebra import get_algebra
 
@@ -89,8 +95,10 @@ def overrides(args: argparse.Namespace, model: str, out: Path, seed: int) -> lis
               "task.word_problem.eval_lengths=[]", "task.word_problem.eval_words=64",
               f"data.seq_len={args.length}", f"train.steps={args.steps}", f"train.global_batch_size={args.batch}",
               f"train.micro_batch_size={args.batch // args.nproc}", f"model.d_model={args.d_model}",
-              f"model.mamba2.headdim={min(64, args.d_model // 2)}", f"train.eval_interval={args.steps}",
-              f"checkpoint.interval={checkpoint_interval(args.steps)}", f"schedule.warmup_steps={warmup}",
+              f"model.mamba2.headdim={min(64, args.d_model // 2)}",
+              f"model.mamba2.chunk_size={scan_chunk(args.length)}",
+              f"train.eval_interval={args.steps}", f"checkpoint.interval={checkpoint_interval(args.steps)}",
+              f"schedule.warmup_steps={warmup}",
               "tracking.enabled=false",
               f"distributed.precision={args.precision}", f"train.seed={seed}", f"data.seed={1234 + seed}"]
     if args.recipe == "released" and model == "implicit":

@@ -42,6 +42,12 @@ def test_runs_save_every_tenth_of_their_steps_so_a_stopped_sweep_resumes(tool, s
     assert f"checkpoint.interval={interval}" in tool.overrides(args, "implicit", tmp_path, 0)
 
 
+@pytest.mark.parametrize(("length", "chunk"), [(1, 1), (8, 8), (20, 32), (32, 32), (64, 64), (256, 64)])
+def test_short_words_are_not_padded_to_a_whole_scan_chunk(tool, length, chunk, tmp_path):
+    args = tool.parse(["--length", str(length)])
+    assert f"model.mamba2.chunk_size={chunk}" in tool.overrides(args, "implicit", tmp_path, 0)
+
+
 def test_the_estimate_names_each_model_still_to_train(tool, tmp_path):
     args = tool.parse(["--algebra", "Z2", "--length", "8", "--batch", "4", "--d-model", "32", "--steps", "10",
                        "--device", "cpu", "--output", str(tmp_path)])
