@@ -142,8 +142,9 @@ def main(argv: list[str] | None = None) -> int:
             train_run(ROOT / args.config, overrides(args, model, out, seed), out, args.steps,
                       f"[language_modeling] {model} seed {seed}", args.nproc)
             runs[model][str(seed)] = run_result(out, evaluate(out, args), args)
+            tested = sorted(runs[model][str(seed)]["lengths"].items(), key=lambda item: int(item[0]))
             print(f"[language_modeling] {model} seed {seed}: " + ", ".join(
-                f"L{n} ppl {v['ppl']:.2f}" for n, v in runs[model][str(seed)]["lengths"].items()), flush=True)
+                f"L{n} ppl {v['ppl']:.2f}" for n, v in tested), flush=True)
     parameters = {model: next(iter(seeds.values()))["parameters"] for model, seeds in runs.items()}
     lengths = ", ".join(str(args.seq_len * m) for m in args.lengths)
     settings = {"config": args.config, "steps": args.steps, "seq_len": args.seq_len, "batch": args.batch,

@@ -13,7 +13,7 @@ import statistics
 from pathlib import Path
 
 from implicit_megatron.evaluation.plots import finish, pyplot
-from implicit_megatron.evaluation.state_tracking_report import spread
+from implicit_megatron.evaluation.state_tracking_report import model_label, spread
 
 PAGE_HEADER = """# Language modelling: explicit against implicit Mamba2
 
@@ -42,7 +42,7 @@ def _cells(results: dict, value) -> list[str]:
         for length in lengths:
             values = [value(run, length) for run in seeds.values() if length in run["lengths"]]
             cells.append(spread(values) if values else "–")
-        rows.append(f"| {model} ({len(seeds)} seeds) | " + " | ".join(cells) + " |")
+        rows.append(f"| {model_label(model, len(seeds))} | " + " | ".join(cells) + " |")
     return rows
 
 
@@ -85,13 +85,14 @@ def per_position_plot(results: dict, out: Path) -> Path:
 
 
 def curves_plot(results: dict, out: Path) -> Path:
-    """Validation perplexity against training tokens: every run, one colour per model."""
+    """Validation perplexity (log scale) against training tokens: every run, one colour per model."""
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(6.4, 4.0))
     for index, (model, seeds) in enumerate(results["runs"].items()):
         for k, run in enumerate(seeds.values()):
             tokens, ppl = zip(*run["curve"]) if run["curve"] else ((), ())
             ax.plot(tokens, ppl, marker=".", color=f"C{index}", alpha=0.8, label=model if k == 0 else None)
+    ax.set_yscale("log")  # gaps of a few percent stay visible late in training
     return finish(plt, fig, ax, "training tokens", "validation perplexity", "Validation perplexity against tokens",
                   out)
 

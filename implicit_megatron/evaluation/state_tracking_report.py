@@ -40,6 +40,11 @@ def bootstrap_interval(values: list[float], level: float = 0.95, resamples: int 
     return float(low), float(high)
 
 
+def model_label(model: str, seeds: int) -> str:
+    """A table row's name: the model and how many seeds its cells summarise."""
+    return f"{model} ({seeds} seed{'' if seeds == 1 else 's'})"
+
+
 def spread(values: list[float]) -> str:
     """mean ± standard deviation, then the 95 % bootstrap interval of the mean (with 2 or more seeds)."""
     mean = statistics.fmean(values)
@@ -68,7 +73,7 @@ def tables(results: dict) -> str:
             for name in names:
                 values = [sets[name][metric] for sets in seeds.values() if name in sets]
                 cells.append(spread(values) if values else "–")
-            out.append(f"| {model} ({len(seeds)} seeds) | " + " | ".join(cells) + " |")
+            out.append(f"| {model_label(model, len(seeds))} | " + " | ".join(cells) + " |")
         out.append("")
     return "\n".join(out)
 

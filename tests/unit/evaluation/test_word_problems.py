@@ -74,7 +74,7 @@ def test_tables_give_mean_spread_and_bootstrap_interval_over_seeds():
     text = tables(sweep_results())
     assert "| model | L8 | L32 | L8-p0.5 |" in text
     assert "| explicit-1l (2 seeds) | 0.600 ± 0.141 [0.500, 0.700]" in text  # resampled means: 0.5, 0.6, 0.7
-    assert "| implicit (1 seeds) | 1.000 |" in text
+    assert "| implicit (1 seed) | 1.000 |" in text
 
 
 def test_bootstrap_interval_matches_the_exact_resampling_distribution():
