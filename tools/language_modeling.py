@@ -8,10 +8,10 @@
 Each (model, seed) trains CONFIG through launch/pretrain.sh into OUTPUT/TAG/<model>/seed<k>:
 implicit is CONFIG as it is (its curriculum included), implicit-4p1 the same model trained (4+1)
 for all its steps (one bounded phase: 4 passes, 1 phantom step; the paper's "(4+1)" rows), explicit
-the same model with implicit.enabled=false and no curriculum. Seed k sets train.seed and data.seed for both, so the
-two models of a seed start from the same initialisation seed and see the same tokens in the same
-order. Runs save every tenth of their steps: a stopped sweep resumes when its command runs again,
-and a finished run is not trained again. Then every final checkpoint is tested as
+the same model with implicit.enabled=false and no curriculum. Seed k sets train.seed and
+data.seed for every model, so the models of a seed start from the same initialisation seed and
+see the same tokens in the same order. Runs save every tenth of their steps: a stopped sweep
+resumes when its command runs again, and a finished run is not trained again. Then every final checkpoint is tested as
 `tools/evaluate.py --tasks extrapolation` does, at each multiple of the trained length, on the
 same test windows for every run (packed with one seed); a run's results are kept in its
 evaluation/ folder and reused while its checkpoint and the lengths are the same.

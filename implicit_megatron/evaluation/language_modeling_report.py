@@ -12,7 +12,7 @@ import json
 import statistics
 from pathlib import Path
 
-from implicit_megatron.evaluation.plots import finish, pyplot
+from implicit_megatron.evaluation.plots import finish, pyplot, runs_figure
 from implicit_megatron.evaluation.state_tracking_report import model_label, spread
 
 PAGE_HEADER = """# Language modelling: explicit against implicit Mamba2
@@ -116,8 +116,7 @@ def write_page(page: Path) -> Path:
                      tables(results),
                      f"![per-position perplexity]({folder.name}/{tag}-positions.png) "
                      f"![validation perplexity against tokens]({folder.name}/{tag}-curves.png)", ""]
-        if (folder / f"{tag}-runs.png").is_file():  # tools/plot_run.py's panels, drawn from the run folders
-            sections += [f"![training of each model (tools/plot_run.py)]({folder.name}/{tag}-runs.png)", ""]
+        sections += runs_figure(folder, tag)
         if results.get("notes"):
             sections += [results["notes"], ""]
     page.write_text("\n".join(sections).rstrip() + "\n")

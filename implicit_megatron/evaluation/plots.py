@@ -81,3 +81,11 @@ def _save(plt, fig, ax, ylabel: str, title: str, out: Path, legend: bool) -> Pat
     fig.savefig(out, dpi=120)
     plt.close(fig)
     return out
+
+
+def runs_figure(folder: Path, tag: str) -> list[str]:
+    """The page lines for a sweep's training curves (<tag>-runs.png, tools/plot_run.py's panels drawn
+    from the run folders when the sweep was published), or none where that figure was not drawn."""
+    if not (folder / f"{tag}-runs.png").is_file():
+        return []
+    return [f"![training of each model (tools/plot_run.py)]({folder.name}/{tag}-runs.png)", ""]

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from implicit_megatron.evaluation.plots import finish, pyplot
+from implicit_megatron.evaluation.plots import finish, pyplot, runs_figure
 
 PAGE_HEADER = """# State tracking: explicit against implicit Mamba2
 
@@ -130,8 +130,7 @@ def write_page(page: Path) -> Path:
                      tables(results),
                      f"![accuracy against length]({folder.name}/{tag}-accuracy.png) "
                      f"![passes against length]({folder.name}/{tag}-passes.png)", ""]
-        if (folder / f"{tag}-runs.png").is_file():  # tools/plot_run.py's panels, drawn from the run folders
-            sections += [f"![training of each model (tools/plot_run.py)]({folder.name}/{tag}-runs.png)", ""]
+        sections += runs_figure(folder, tag)
         if results.get("notes"):
             sections += [results["notes"], ""]
     page.write_text("\n".join(sections).rstrip() + "\n")
