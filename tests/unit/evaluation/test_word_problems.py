@@ -11,6 +11,7 @@ import torch
 
 from data_pipeline.synthetic.word_problem import generate
 from implicit_megatron import build_model, load_config
+from implicit_megatron.evaluation import state_tracking_report as report
 from implicit_megatron.evaluation.state_tracking_report import bootstrap_interval, tables, write_page, write_sweep
 from implicit_megatron.evaluation.word_problems import evaluate_words
 
@@ -75,6 +76,32 @@ def test_tables_give_mean_spread_and_bootstrap_interval_over_seeds():
     assert "| model | L8 | L32 | L8-p0.5 |" in text
     assert "| explicit-1l (2 seeds) | 0.600 ± 0.141 [0.500, 0.700]" in text  # resampled means: 0.5, 0.6, 0.7
     assert "| implicit (1 seed) | 1.000 |" in text
+
+
+@pytest.mark.parametrize("p", [0.2, 0.5, None])
+def test_no_composition_reference_is_what_copying_scores_on_sampled_words(p):
+    # Independently of the formula: on sampled A5 words, a model that is right wherever the prefix
+    # holds at most one non-identity element and at chance (1/60) elsewhere.
+    words, _ = generate("A5", 4000, 32, p, seed=1)
+    easy = np.cumsum(words != 0, axis=1) <= 1
+    scored = easy + (1 - easy) / 60
+    assert report.no_composition_accuracy(32, p, 60) == pytest.approx(scored.mean(), abs=0.005)
+    assert report.no_composition_accuracy(32, p, 60, last=10) == pytest.approx(scored[:, -10:].mean(), abs=0.005)
+
+
+def test_tables_end_with_the_no_composition_reference_for_a_group():
+    results = sweep_results()
+    results["settings"]["p"] = 0.2  # the training p; the -p0.5 set is at 0.5
+    row = [line for line in tables(results).splitlines() if line.startswith("| no composition")]
+    assert len(row) == 2  # accuracy and last-10 accuracy, not passes or converged
+    copy = {(n, p): f"{report.no_composition_accuracy(n, p, 2):.3f}" for n in (8, 32) for p in (0.2, 0.5)}
+    assert row[0] == f"| no composition (reference) | {copy[8, 0.2]} | {copy[32, 0.2]} | {copy[8, 0.5]} |"
+    for seeds in results["runs"].values():  # sets tested with each word's own stop keep their p
+        for sets in seeds.values():
+            sets["L8-p0.5-own"] = sets["L8-p0.5"]
+    assert f"| {copy[8, 0.5]} | {copy[8, 0.5]} |" in tables(results)
+    results["settings"]["chance"] = None  # a monoid: no reference
+    assert "no composition" not in tables(results)
 
 
 def test_bootstrap_interval_matches_the_exact_resampling_distribution():
