@@ -112,6 +112,14 @@ def train(model: str, seed: int, args: argparse.Namespace, out: Path) -> None:
               f"[state_tracking] {model} seed {seed}", args.nproc)
 
 
+def run_threads(nproc: int) -> int:
+    """The threads each training process runs on, as launch/pretrain.sh sets them: OMP_NUM_THREADS
+    when it is set, else the cores shared by the processes. The estimate times the step on these, so
+    a sweep started with OMP_NUM_THREADS=1 beside another is not timed on threads it will not have."""
+    given = os.environ.get("OMP_NUM_THREADS", "")
+    return int(given) if given.isdigit() and int(given) > 0 else max(1, (os.cpu_count() or 1) // nproc)
+
+
 def step_seconds(model: str, args: argparse.Namespace) -> float:
     """Seconds per training step of `model` here, timed on one micro-batch (forward and backward) with
     every implicit solve run to its cap, as the S3 and parity runs' solves are from a few hundred
@@ -125,7 +133,7 @@ def step_seconds(model: str, args: argparse.Namespace) -> float:
 
     cfg = read_config(config_of(model, args.recipe), overrides(args, model, Path(args.output), 0))
     threads = torch.get_num_threads()
-    torch.set_num_threads(max(1, (os.cpu_count() or 1) // args.nproc))  # as launch/pretrain.sh sets it
+    torch.set_num_threads(run_threads(args.nproc))
     try:
         net = build_model(cfg, device=args.device)
         if net.core.implicit:

@@ -3,9 +3,11 @@ that let a stopped sweep resume, and the estimate it prints before training."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
+import torch
 from support.tools import load_tool
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -46,6 +48,20 @@ def test_runs_save_every_tenth_of_their_steps_so_a_stopped_sweep_resumes(tool, s
 def test_short_words_are_not_padded_to_a_whole_scan_chunk(tool, length, chunk, tmp_path):
     args = tool.parse(["--length", str(length)])
     assert f"model.mamba2.chunk_size={chunk}" in tool.overrides(args, "implicit", tmp_path, 0)
+
+
+def test_the_estimate_times_a_step_on_the_threads_the_launcher_gives_each_run(tool, tmp_path, monkeypatch):
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    assert tool.run_threads(1) == 1
+    monkeypatch.delenv("OMP_NUM_THREADS")
+    assert tool.run_threads(2) == max(1, (os.cpu_count() or 1) // 2)
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    timed_on = []
+    monkeypatch.setattr(torch, "set_num_threads", lambda n, real=torch.set_num_threads: (timed_on.append(n), real(n)))
+    args = tool.parse(["--algebra", "Z2", "--length", "8", "--batch", "4", "--d-model", "32", "--steps", "10",
+                       "--device", "cpu", "--output", str(tmp_path)])
+    tool.step_seconds("explicit-1l", args)
+    assert timed_on[0] == 1  # then back to the caller's threads
 
 
 def test_the_estimate_names_each_model_still_to_train(tool, tmp_path):
