@@ -30,8 +30,10 @@ Plots show the mean with that interval.
 """
 
 
-def length_of(name: str) -> int:
-    return int(name.removeprefix("seq-").split("-")[0].removeprefix("L"))
+def parse_set_name(name: str) -> tuple[int, float | None]:
+    """(length, p) of a test set's name (`[seq-]L<length>[-p<p>][-own]`); p None: the training p."""
+    length, _, p = name.removeprefix("seq-").removesuffix("-own").partition("-p")
+    return int(length.removeprefix("L")), float(p) if p else None
 
 
 def bootstrap_interval(values: list[float], level: float = 0.95, resamples: int = 10_000,
@@ -76,15 +78,15 @@ def _reference_row(results: dict, names: list[str], last: int | None) -> str | N
         return None
     cells = []
     for name in names:
-        _, _, p = name.removeprefix("seq-").removesuffix("-own").partition("-p")
-        p = float(p) if p else s["p"]
-        cells.append(f"{no_composition_accuracy(length_of(name), p, round(1 / s['chance']), last):.3f}")
+        length, p = parse_set_name(name)
+        p = s["p"] if p is None else p
+        cells.append(f"{no_composition_accuracy(length, p, round(1 / s['chance']), last):.3f}")
     return "| no composition (reference) | " + " | ".join(cells) + " |"
 
 
 def set_names(results: dict) -> list[str]:
     names = {name for seeds in results["runs"].values() for sets in seeds.values() for name in sets}
-    return sorted(names, key=lambda n: (n.startswith("seq-"), "-p" in n, length_of(n), n))
+    return sorted(names, key=lambda n: (n.startswith("seq-"), "-p" in n, parse_set_name(n)[0], n))
 
 
 def tables(results: dict) -> str:
@@ -114,7 +116,8 @@ def _curves(results: dict, metric: str) -> dict[str, tuple[list[int], list[float
     the simultaneous sets at the training p."""
     curves = {}
     for model, seeds in results["runs"].items():
-        names = sorted({n for sets in seeds.values() for n in sets if n.count("-") == 0}, key=length_of)
+        plain = {n for sets in seeds.values() for n in sets if n.count("-") == 0}
+        names = sorted(plain, key=lambda n: parse_set_name(n)[0])
         means, bars = [], [[], []]
         for name in names:
             values = [sets[name][metric] for sets in seeds.values() if name in sets]
@@ -123,7 +126,7 @@ def _curves(results: dict, metric: str) -> dict[str, tuple[list[int], list[float
             means.append(mean)
             bars[0].append(max(0.0, mean - low))
             bars[1].append(max(0.0, high - mean))
-        curves[model] = ([length_of(n) for n in names], means, bars)
+        curves[model] = ([parse_set_name(n)[0] for n in names], means, bars)
     return curves
 
 

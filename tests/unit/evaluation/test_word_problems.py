@@ -89,6 +89,12 @@ def test_no_composition_reference_is_what_copying_scores_on_sampled_words(p):
     assert report.no_composition_accuracy(32, p, 60, last=10) == pytest.approx(scored[:, -10:].mean(), abs=0.005)
 
 
+def test_a_test_set_name_gives_its_length_and_p():
+    assert report.parse_set_name("L32") == (32, None)  # at the training p
+    assert report.parse_set_name("L8-p0.9") == (8, 0.9)
+    assert report.parse_set_name("seq-L128-p0.25-own") == (128, 0.25)
+
+
 def test_tables_end_with_the_no_composition_reference_for_a_group():
     results = sweep_results()
     results["settings"]["p"] = 0.2  # the training p; the -p0.5 set is at 0.5
