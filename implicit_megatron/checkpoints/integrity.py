@@ -7,15 +7,15 @@ and its data matches the CRC-32 torch.save wrote with each zip record (tags save
 manifests existed are checked by those CRC-32s alone).
 That catches a file cut short by a full disk or an interrupted copy, one copied from another
 checkpoint, and bytes changed on disk, before any of it is loaded. A tag holds its own files only:
-a symbolic link anywhere in it (which could bring in files from elsewhere, vouched for by nobody)
-is refused. Tags are ordered by their step, so
+a symbolic link anywhere in it (which could bring in files from elsewhere, vouched for by nobody),
+or a file its save did not write (DeepSpeed's loaders pick files by pattern and unpickle them in
+full), is refused by name. Tags are ordered by their step, so
 "the previous complete checkpoint" is the newest complete tag with a smaller step.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import zipfile
 import zlib
 from pathlib import Path
@@ -26,29 +26,18 @@ from implicit_megatron.checkpoints import safe_load
 from implicit_megatron.checkpoints.layout import (
     MANIFEST,
     MODEL_STATES,
+    UNIVERSAL,
+    UNIVERSAL_NOTE,
+    UNIVERSAL_TMP,
     ZERO3_MODEL_STATES,
     DamagedCheckpoint,
     step_of,
     tags_by_step,
 )
+from implicit_megatron.utils.own_files import foreign_entry
+from implicit_megatron.utils.safe_write import replace_text
 
 CHUNK = 1 << 24
-
-
-def foreign_entry(folder: Path) -> str | None:
-    """What in `folder` is not its own plain file or folder (None: nothing): the folder itself or
-    anything below it that is a symbolic link, a device, a pipe or a socket. A manifest vouches only
-    for what a folder holds; a link could lead a loader to files nobody checked."""
-    if folder.is_symlink():
-        return f"{folder} is a symbolic link (to {os.readlink(folder)})"
-    for root, dirs, files in os.walk(folder):  # a linked folder is listed here, never entered
-        for name in sorted(dirs + files):
-            path = Path(root, name)
-            if path.is_symlink():
-                return f"{path} is a symbolic link (to {os.readlink(path)})"
-            if not (path.is_file() or path.is_dir()):
-                return f"{path} is not a plain file or folder"
-    return None
 
 
 def refuse_foreign_entries(folder: Path) -> None:
@@ -95,16 +84,32 @@ def expected_files(tag_dir: Path, crc: bool = True) -> list[Path]:
         raise DamagedCheckpoint(states, f"does not load ({type(err).__name__}: {err})") from None
     if not isinstance(saved, dict) or "config" not in saved:
         raise DamagedCheckpoint(states, "holds no run config (not written by implicit_megatron.train)")
-    world, stage = int(saved.get("dp_world_size", 1)), int(saved["config"]["distributed"]["zero_stage"])
+    distributed = saved["config"]["distributed"]
+    world, stage = int(saved.get("dp_world_size", 1)), int(distributed["zero_stage"])
     files = [states]  # first: it has been checked here already
     if states.name == ZERO3_MODEL_STATES:
         files += [tag_dir / f"zero_pp_rank_{r}_mp_rank_00_model_states.pt" for r in range(1, world)]
     files += [tag_dir / f"rng_rank{r}.pt" for r in range(world)]
-    optim = sorted(tag_dir.glob("*_optim_states.pt"))
-    if stage >= 1 or optim:  # partitioned optimizers (and bf16's) write one shard per rank
-        prefix = "bf16_" if optim and optim[0].name.startswith("bf16_") else ""
+    if stage >= 1:  # partitioned optimizers write one shard per rank, named as DeepSpeed names them on save
+        prefix = "bf16_" if distributed.get("precision") == "bf16" else ""  # and load: by the engine's precision
         files += [tag_dir / f"{prefix}zero_pp_rank_{r}_mp_rank_00_optim_states.pt" for r in range(world)]
     return files
+
+
+def refuse_stray_files(tag_dir: Path, expected: list[Path]) -> None:
+    """UnsafeCheckpoint naming the first entry of `tag_dir` that is not one of its `expected` files,
+    its manifest or its universal conversion (checked where used). DeepSpeed's loaders pick their
+    files by pattern (`*_model_states.pt`, an optimizer prefix) and unpickle them in full: a file
+    planted beside a tag's own would be read, and could run code."""
+    own = {p.name for p in expected} | {MANIFEST}
+    for entry in sorted(tag_dir.iterdir()):
+        if entry.name in own or (entry.name in (UNIVERSAL, UNIVERSAL_TMP) and entry.is_dir()) or \
+                (entry.name == UNIVERSAL_NOTE and entry.is_file() and entry.stat().st_size < 256):
+            continue
+        raise safe_load.UnsafeCheckpoint(
+            f"{entry}: refused: not one of the files this checkpoint's save wrote (its manifest, model states, "
+            f"optimizer shards and random states: {len(own)} files, named for its saved layout), and DeepSpeed's "
+            "loaders would read it; remove it (nothing of the checkpoint is lost)")
 
 
 def first_nonfinite(path: Path) -> str | None:
@@ -163,9 +168,7 @@ def record_universal(tag_dir: Path, universal: Path) -> None:
     files = sorted(p for p in universal.rglob("*") if p.is_file())
     manifest["universal"] = {str(p.relative_to(universal)): {"size": p.stat().st_size, "digest": digest(p)}
                              for p in files}
-    tmp = tag_dir / (MANIFEST + ".tmp")
-    tmp.write_text(json.dumps(manifest, indent=1) + "\n")
-    tmp.replace(tag_dir / MANIFEST)
+    replace_text(tag_dir / MANIFEST, json.dumps(manifest, indent=1) + "\n")
 
 
 def unvouched_universal(tag_dir: Path, universal: Path) -> str | None:
@@ -230,6 +233,7 @@ def check_tag(tag_dir: Path, crc: bool = True) -> None:
     refuse_foreign_entries(tag_dir)
     listed = check_manifest(tag_dir, crc) if (tag_dir / MANIFEST).is_file() else None
     files = expected_files(tag_dir, crc and listed is None)
+    refuse_stray_files(tag_dir, files)
     for path in files[1:]:
         if listed is None:
             check_file(path, crc)

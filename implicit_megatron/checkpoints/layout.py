@@ -13,7 +13,6 @@ tag. Every tag's model-states file carries the run's client state (config, step,
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 import uuid
@@ -22,12 +21,16 @@ from pathlib import Path
 
 from implicit_megatron.checkpoints import safe_load
 from implicit_megatron.config import Config
+from implicit_megatron.utils.names import child_path, name_problem
+from implicit_megatron.utils.safe_write import replace_text
 
 LATEST = "latest"
 MODEL_STATES = "mp_rank_00_model_states.pt"  # ZeRO 0-2; ZeRO-3 writes one per rank:
 ZERO3_MODEL_STATES = "zero_pp_rank_0_mp_rank_00_model_states.pt"
 MANIFEST = "manifest.json"  # every file of a tag: size and CRC-32 (checkpoints.integrity)
 UNIVERSAL = "universal"  # the sub-folder of a tag that holds its universal conversion
+UNIVERSAL_TMP = f".{UNIVERSAL}.tmp"  # ... while it is written (renamed to UNIVERSAL when complete)
+UNIVERSAL_NOTE = "latest_universal"  # a line ds_to_universal leaves in the tag (its output's name); read by none
 UNIVERSAL_INFO = "universal_checkpoint_info"  # a client-state key DeepSpeed's conversion looks for
 PARTIAL = ".partial-"  # a tag is written under this prefix and renamed when every rank has finished
 PRETRAINED_WEIGHTS = "model.safetensors"  # a folder written by tools/convert_checkpoint.py export/import
@@ -69,9 +72,15 @@ def read_latest(folder: Path) -> str | None:
         tag = path.read_bytes().decode("utf-8").strip()
     except UnicodeDecodeError:
         tag = ""
-    if not tag or step_of(tag) is None or "/" in tag or "\n" in tag:
+    if not tag or step_of(tag) is None or name_problem(tag):
         raise DamagedCheckpoint(path, "does not hold a checkpoint tag name")
     return tag
+
+
+def tag_dir(folder: Path, tag: str) -> Path:
+    """The folder of checkpoint `tag` in the checkpoints folder `folder`; ValueError for a tag that is
+    not a plain name (one with '/' or '..' would reach outside `folder`)."""
+    return child_path(folder, tag, "checkpoint tag")
 
 
 def find_checkpoint(path: str | Path, tag: str | None = None) -> tuple[Path, str]:
@@ -87,19 +96,14 @@ def find_checkpoint(path: str | Path, tag: str | None = None) -> tuple[Path, str
     if tag is None:
         raise FileNotFoundError(f"{path}: not a checkpoint folder (no '{LATEST}' file in it or in its checkpoints/); "
                                 "name a run folder, its checkpoints/ folder or a tag folder, or a tag with --tag")
-    if not (folder / tag).is_dir():
+    if not tag_dir(folder, tag).is_dir():
         raise FileNotFoundError(f"{folder}: no checkpoint with tag {tag!r}")
     return folder, tag
 
 
 def write_latest(folder: Path, tag: str) -> None:
     """Point `latest` at `tag` atomically (write, fsync, rename)."""
-    tmp = folder / f".{LATEST}.tmp"
-    with open(tmp, "w") as handle:
-        handle.write(tag + "\n")
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, folder / LATEST)
+    replace_text(folder / LATEST, tag + "\n", fsync=True)
 
 
 def tags_by_step(folder: Path) -> list[str]:
@@ -179,9 +183,7 @@ def own_run_id(folder: Path, adopt: str | None = None) -> str:
         return path.read_text().strip()
     run_id = adopt or uuid.uuid4().hex
     folder.mkdir(parents=True, exist_ok=True)
-    tmp = folder / f".{RUN_ID}.tmp"
-    tmp.write_text(run_id + "\n")
-    os.replace(tmp, path)
+    replace_text(path, run_id + "\n")
     return run_id
 
 
@@ -198,9 +200,7 @@ def write_held(folder: Path, held: dict[str, dict]) -> None:
     if not held:
         (folder / HELD).unlink(missing_ok=True)
         return
-    tmp = folder / f".{HELD}.tmp"
-    tmp.write_text(json.dumps(held, indent=1) + "\n")
-    os.replace(tmp, folder / HELD)
+    replace_text(folder / HELD, json.dumps(held, indent=1) + "\n")
 
 
 def hold(folder: Path, tag: str, why: str) -> None:

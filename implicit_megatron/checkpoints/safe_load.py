@@ -39,6 +39,7 @@ def allowed() -> list:
 
 
 _trust = False
+_torch_load = torch.load  # torch's own: `weights_only_loads` replaces torch.load while it lasts
 
 
 class UnsafeCheckpoint(ValueError):
@@ -55,10 +56,10 @@ def load(path: str | Path, **kwargs):
     """torch.load(path) with the weights-only unpickler (the full one only where trusted)."""
     try:
         with torch.serialization.safe_globals(allowed()):
-            return torch.load(path, weights_only=True, **kwargs)
+            return _torch_load(path, weights_only=True, **kwargs)
     except pickle.UnpicklingError as err:
         if _trust:
-            return torch.load(path, weights_only=False, **kwargs)
+            return _torch_load(path, weights_only=False, **kwargs)
         found = re.search(r"GLOBAL ([\w.]+)", str(err))
         what = f"the global {found.group(1)}" if found else "an object"
         raise UnsafeCheckpoint(
@@ -72,7 +73,7 @@ def weights_only_problem(path: str | Path) -> str | None:
     setting: for files this project wrote itself, which never need more."""
     try:
         with torch.serialization.safe_globals(allowed()):
-            torch.load(path, weights_only=True, map_location="cpu", mmap=True)
+            _torch_load(path, weights_only=True, map_location="cpu", mmap=True)
     except (pickle.UnpicklingError, RuntimeError, OSError, ValueError) as err:
         found = re.search(r"GLOBAL ([\w.]+)", str(err))
         return f"it holds the global {found.group(1)}" if found else f"{type(err).__name__}: {str(err)[:200]}"
@@ -83,3 +84,20 @@ def verify(path: str | Path) -> None:
     """Raise UnsafeCheckpoint unless `path` loads with the weights-only unpickler (no tensor data is
     read: the file is memory-mapped); DeepSpeed may then load it its own way."""
     load(path, map_location="cpu", mmap=True)
+
+
+def guarded_load(f, *args, weights_only=None, **kwargs):
+    """torch.load as `load` does it, whatever `weights_only` the caller passes (DeepSpeed's loaders
+    pass False)."""
+    return load(f, *args, **kwargs)
+
+
+@contextlib.contextmanager
+def weights_only_loads():
+    """Every torch.load made inside, by DeepSpeed's engine, its consolidation or its converters
+    (which ask for the full unpickler), goes through `load`: whichever file they pick, none runs code."""
+    torch.load = guarded_load
+    try:
+        yield
+    finally:
+        torch.load = _torch_load

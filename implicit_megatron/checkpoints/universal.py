@@ -29,6 +29,8 @@ from implicit_megatron.checkpoints.integrity import (
 from implicit_megatron.checkpoints.layout import (
     MODEL_STATES,
     UNIVERSAL,
+    UNIVERSAL_NOTE,
+    UNIVERSAL_TMP,
     ZERO3_MODEL_STATES,
     find_checkpoint,
     saved_layout,
@@ -54,7 +56,7 @@ def to_universal(path: Path, workers: int = 2, log=None) -> Path:
             return out
         (log or print)(f"{out}: not used: {problem}; converting the checkpoint again")
         out.unlink() if out.is_symlink() else shutil.rmtree(out)
-    tmp = path / f".{UNIVERSAL}.tmp"
+    tmp = path / UNIVERSAL_TMP
     shutil.rmtree(tmp, ignore_errors=True)
     _convert(path, tmp, workers)
     for file in sorted(p for p in tmp.rglob("*") if p.is_file()):
@@ -63,6 +65,7 @@ def to_universal(path: Path, workers: int = 2, log=None) -> Path:
             raise RuntimeError(f"{file}: the universal conversion wrote a file that does not load weights-only "
                                f"({problem}); it is not used")
     os.replace(tmp, out)
+    (path / UNIVERSAL_NOTE).unlink(missing_ok=True)  # names the temporary folder: wrong once renamed
     record_universal(path, out)
     return out
 

@@ -1,5 +1,5 @@
-"""The weights of a checkpoint, whatever wrote them: consolidated to full fp32 tensors from any
-ZeRO stage and world size, and loaded into a model by name, with every misfit named."""
+"""Weights into a model by name, with every misfit named, and the settings that decide whether a
+checkpoint's weights fit a config (consolidating them from any layout is checkpoints.consolidate's)."""
 
 from __future__ import annotations
 
@@ -7,22 +7,9 @@ from pathlib import Path
 
 import torch
 
-from implicit_megatron.checkpoints import safe_load
-from implicit_megatron.checkpoints.layout import MODEL_STATES, Layout, read_client_state
+from implicit_megatron.checkpoints.layout import read_client_state
 from implicit_megatron.config import Config
 from implicit_megatron.errors import RunRefused
-from implicit_megatron.utils.deepspeed_env import name_accelerator
-
-
-def consolidated_weights(path: Path, saved: Layout) -> dict[str, torch.Tensor]:
-    """The full fp32 model state of a checkpoint tag, on CPU, whatever layout wrote it."""
-    if saved.plain_optimizer:  # the module holds the fp32 weights themselves
-        states = safe_load.load(path / MODEL_STATES, map_location="cpu", mmap=True)
-        return {k: v.float() for k, v in states["module"].items()}
-    name_accelerator()
-    from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
-
-    return get_fp32_state_dict_from_zero_checkpoint(str(path.parent), tag=path.name)
 
 
 def load_weights(model: torch.nn.Module, state: dict[str, torch.Tensor], where: Path) -> list[str]:

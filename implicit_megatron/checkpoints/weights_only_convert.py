@@ -21,16 +21,7 @@ from implicit_megatron.checkpoints import safe_load
 from implicit_megatron.utils.deepspeed_env import name_accelerator
 
 name_accelerator()
-_full_load = torch.load
-
-
-def weights_only_load(f, *args, weights_only=None, **kwargs):
-    """torch.load as the weights-only unpickler, whatever the caller asks for."""
-    with torch.serialization.safe_globals(safe_load.allowed()):
-        return _full_load(f, *args, weights_only=True, **kwargs)
-
-
-torch.load = weights_only_load
+torch.load = safe_load.guarded_load
 
 if __name__ == "__main__":
     sys.argv[0] = "ds_to_universal"

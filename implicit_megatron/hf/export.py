@@ -4,7 +4,8 @@ An exported folder holds `model.safetensors` (float32 or bfloat16; weight normal
 into plain weights; the tied head stored once, as the embedding), `config.json` (the resolved
 run config under `implicit_megatron`, with the fields transformers reads), the tokenizer file
 the run used, and `modeling_implicit_megatron.py` (hf/remote_code.py), through which transformers'
-AutoModelForCausalLM loads the folder with trust_remote_code=True. config.json also holds what
+AutoModelForCausalLM loads the folder with trust_remote_code=True where the package is installed
+but not imported (imported, it registers its classes: hf/auto.py). config.json also holds what
 transformers' `generate` reads there: the end-of-document token (bos, eos and pad, so that it
 stops where tools/generate.py stops) and the padding rows of the vocabulary as `suppress_tokens`
 (tools/generate.py samples from the real vocabulary only).
@@ -20,9 +21,9 @@ from pathlib import Path
 import torch
 
 from implicit_megatron.builder import build_model, remove_weight_norm
+from implicit_megatron.checkpoints.consolidate import consolidated_weights
 from implicit_megatron.checkpoints.integrity import require_complete
 from implicit_megatron.checkpoints.layout import find_checkpoint, model_states_file, read_client_state, saved_layout
-from implicit_megatron.checkpoints.weights import consolidated_weights
 from implicit_megatron.config import Config
 from implicit_megatron.models.lm import LanguageModel
 from implicit_megatron.utils.typed_yaml import build_dataclass
@@ -106,8 +107,8 @@ def generation_fields(cfg: Config, eod_id: int | None) -> dict:
 
 
 def write_tokenizer(source: Path, out: Path) -> int | None:
-    """The run's tokenizer as transformers' AutoTokenizer reads it (with trust_remote_code=True,
-    which the model needs anyway: AutoTokenizer reads config.json first): tokenizer.json
+    """The run's tokenizer as transformers' AutoTokenizer reads it (AutoTokenizer reads config.json
+    first: the package's registered config, hf/auto.py): tokenizer.json
     (decompressed), or a sentencepiece tokenizer.model, each with its tokenizer_config.json;
     nothing when the run had none at hand. Returns the end-of-document id (None without a
     tokenizer; evaluation.loading finds the copy here before data.tokenizer). The end-of-document

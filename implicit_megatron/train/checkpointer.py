@@ -33,6 +33,7 @@ from implicit_megatron.checkpoints.layout import (
     read_client_state,
     read_latest,
     remove_partial,
+    tag_dir,
     write_latest,
 )
 from implicit_megatron.checkpoints.safe_load import UnsafeCheckpoint
@@ -103,6 +104,7 @@ def save(engine, cfg: Config, tag: str, client_state: dict, val_loss: float | No
     checkpoint with the best validation loss; `val_loss` is these weights', where known).
     `before_latest(tag)` runs when every rank has written, before the rename (callbacks)."""
     folder = checkpoint_dir(cfg)
+    tag = tag_dir(folder, tag).name  # a plain name: the folders below never leave `folder`
     client_state = {**client_state, "config": cfg.to_dict(), "data_signature": data_signature(cfg),
                     # lets DeepSpeed's ds_to_universal convert it (pure data parallelism: no TP/PP patterns)
                     UNIVERSAL_INFO: {"universal_checkpoint_version": 0.4}}
@@ -157,8 +159,9 @@ def load(engine, cfg: Config, source: Source, fingerprint=None) -> dict:
         # load would give every parameter group the first group's weight decay); the LR is set per step.
         groups = [{k: v for k, v in g.items() if k != "params"} for g in engine.optimizer.param_groups]
         try:
-            _, client_state = engine.load_checkpoint(str(folder), tag=tag, load_optimizer_states=True,
-                                                     load_lr_scheduler_states=False)
+            with safe_load.weights_only_loads():  # whichever files DeepSpeed picks, none runs code
+                _, client_state = engine.load_checkpoint(str(folder), tag=tag, load_optimizer_states=True,
+                                                         load_lr_scheduler_states=False)
         except RuntimeError as err:  # load_state_dict's size mismatch or missing keys
             if model_settings_changed(source.path, cfg) or "state_dict" in str(err):
                 raise shape_error(source, cfg, err) from None
@@ -256,7 +259,10 @@ class Checkpointer:
         if chosen[1]:
             raise RunRefused(f"checkpoint error: {chosen[1]}")
         self.run_id = chosen[2]
-        source = self.source = find_source(self.cfg, self.world, chosen[0])
+        try:
+            source = self.source = find_source(self.cfg, self.world, chosen[0])
+        except (DamagedCheckpoint, UnsafeCheckpoint, FileNotFoundError) as err:  # checkpoint.load's, named
+            raise RunRefused(f"checkpoint error: {err}") from None
         if source is None:
             return None
         self.log(f"starting from {source.path} ({'resume' if source.resuming else 'handoff/load'}, {source.how})")

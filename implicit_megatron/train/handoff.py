@@ -23,6 +23,7 @@ from pathlib import Path
 
 import torch
 
+from implicit_megatron.checkpoints.consolidate import consolidated_weights
 from implicit_megatron.checkpoints.integrity import check_tag, fallback_hint, newest_complete, require_complete
 from implicit_megatron.checkpoints.layout import (
     LATEST,
@@ -41,7 +42,7 @@ from implicit_megatron.checkpoints.layout import (
     tags_by_step,
     write_latest,
 )
-from implicit_megatron.checkpoints.weights import consolidated_weights, load_weights, model_settings_changed
+from implicit_megatron.checkpoints.weights import load_weights, model_settings_changed
 from implicit_megatron.config import Config
 from implicit_megatron.errors import RunRefused
 

@@ -36,8 +36,8 @@ def fake_checkpoint(out: Path, tag: str, world_size: int, zero_stage: int, preci
         torch.save({}, folder / f"rng_rank{rank}.pt")
         if zero_stage == 3:
             torch.save(states, folder / f"zero_pp_rank_{rank}_mp_rank_00_model_states.pt")
-        if zero_stage or precision == "bf16":
-            prefix = "bf16_" if zero_stage == 0 else ""
+        if zero_stage:  # named as DeepSpeed names them: by the precision
+            prefix = "bf16_" if precision == "bf16" else ""
             torch.save({}, folder / f"{prefix}zero_pp_rank_{rank}_mp_rank_00_optim_states.pt")
     if zero_stage != 3:
         torch.save(states, folder / "mp_rank_00_model_states.pt")
@@ -55,7 +55,7 @@ def source_for(out: Path, world: int, *overrides: str):
     ((2, 2, "fp32"), (1, 2, "fp32"), "universal"),    # another world size
     ((2, 2, "fp32"), (2, 3, "fp32"), "universal"),    # another stage
     ((4, 3, "bf16"), (2, 1, "bf16"), "universal"),
-    ((2, 0, "bf16"), (1, 0, "bf16"), "universal"),    # bf16 ZeRO-0 partitions its fp32 state too
+    ((2, 0, "bf16"), (1, 0, "bf16"), "universal"),    # bf16 ZeRO-0 keeps its fp32 state apart too
 ])
 def test_layout_decides_how_a_checkpoint_loads(saved, now, how, tmp_path):
     fake_checkpoint(tmp_path, "bounded-step8", *saved)

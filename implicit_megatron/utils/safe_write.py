@@ -1,0 +1,46 @@
+"""Writing a run folder's small files without following links.
+
+A run folder may come from elsewhere (copied, unpacked, shared). A file opened by name follows a
+symbolic link planted in its place, so a resume would write its config, its `latest` or its
+metrics into whatever file the link names. Here a file is replaced whole instead (a new temporary
+file beside it, created exclusively, then renamed over the name: a link there is replaced, never
+followed, and a kill leaves the old file), and an append refuses a link.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+from typing import TextIO
+
+
+def replace_text(path: str | Path, text: str, fsync: bool = False) -> None:
+    """`path` holds `text`, written whole (see the module docstring); `fsync` makes it durable."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        umask = os.umask(0)
+        os.umask(umask)
+        os.fchmod(fd, 0o666 & ~umask)  # as open() would make it: others on a cluster read run files
+        with os.fdopen(fd, "w") as handle:
+            handle.write(text)
+            if fsync:
+                handle.flush()
+                os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def open_append(path: str | Path) -> TextIO:
+    """`path` opened to append text, created if missing; OSError naming it when it is a link."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o666)
+    except OSError as err:
+        if Path(path).is_symlink():
+            raise OSError(err.errno, f"{path} is a symbolic link (to {os.readlink(path)}); a run writes its own "
+                                     "files only") from None
+        raise
+    return os.fdopen(fd, "a")
