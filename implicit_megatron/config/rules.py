@@ -8,7 +8,8 @@ from __future__ import annotations
 import math
 import os
 
-from implicit_megatron.config.schema import Config, phase_bounds
+from implicit_megatron.config.schema import COMMAND_LINE_ONLY, Config, phase_bounds
+from implicit_megatron.utils.names import name_problem
 from implicit_megatron.utils.typed_yaml import COMMAND_LINE
 
 PHASE_SOLVER_KEYS = ("max_iter", "tol", "phantom_steps")  # what every phase sets for itself
@@ -26,6 +27,8 @@ def validate_curriculum(cfg: Config, fail, sources: dict[str, str] | None = None
                                   f"(phases: {', '.join(names)})")
     for i, phase in enumerate(phases):
         key = f"curriculum.phases[{i}]"
+        if name_problem(phase.name):
+            fail(f"{key}.name", f"phase name {name_problem(phase.name)}")
         if names.count(phase.name) > 1:
             fail(f"{key}.name", f"phase name {phase.name!r} is used twice")
         if phase.kind != "free" and phase.tol is not None:
@@ -76,6 +79,13 @@ def validate(cfg: Config, fail, world_size: int | None = None) -> None:
         if not 0 <= value < math.inf:
             fail(key, f"expected a finite value >= 0, got {value}")
 
+    for key, value in (("name", cfg.name), ("tracking.experiment", cfg.tracking.experiment)):
+        if name_problem(value):
+            fail(key, name_problem(value))
+    for key in COMMAND_LINE_ONLY:
+        if cfg.sources.get(key, COMMAND_LINE) != COMMAND_LINE:
+            fail(key, "taken from the command line only (a config file from elsewhere could otherwise make this "
+                      f"launch trust what it loads); remove it from the file and pass {key}=true when you mean it")
     m = cfg.model
     for key in ("d_model", "n_layers", "vocab_size", "pad_vocab_multiple"):
         positive(f"model.{key}", getattr(m, key))

@@ -306,10 +306,21 @@ class Config:
         return self.train.output_dir or os.path.join("runs", self.name)
 
     def to_dict(self) -> dict:
+        """The config as saved with a run (config.yaml, checkpoints, exports, MLflow): without where it
+        came from, and without the command-line-only switches (COMMAND_LINE_ONLY)."""
         data = to_dict(self)
         data.pop("source")
         data.pop("sources")
+        for dotted in COMMAND_LINE_ONLY:
+            section, key = dotted.split(".")
+            data[section].pop(key)
         return data
+
+
+# Switches that make a launch trust what it loads (a pickle that runs code, a checkpoint of another
+# run): a launch's own decision, so taken from its command line only (config.rules refuses them in a
+# file) and never saved with the run, where a copy of its config would carry them to the next launch.
+COMMAND_LINE_ONLY = ("checkpoint.trust_pickle", "checkpoint.accept_foreign_checkpoint")
 
 
 # --------------------------------------------------------------------------- phases

@@ -9,6 +9,7 @@ injection module keeps its fresh initialisation; everything else comes from the 
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import torch
@@ -23,7 +24,8 @@ DEFAULT_BASE = Path(__file__).resolve().parents[2] / "configs/parts/imported.yam
 def source_name(src: Path) -> str:
     """An imported model's run name: its source folder's (or file's) name."""
     name = (src if src.is_dir() else src.parent).resolve().name
-    return "".join(c if c.isalnum() or c in "-_." else "-" for c in name) or "imported"
+    name = "".join(c if c.isalnum() or c in "-_." else "-" for c in name)
+    return re.sub(r"\.{2,}", ".", name).lstrip(".") or "imported"  # a safe run name (utils.names)
 
 def read_source(src: Path) -> tuple[dict, dict[str, torch.Tensor]]:
     """config.json and the weights (model.safetensors or pytorch_model.bin) of a model folder."""
