@@ -15,6 +15,8 @@ import os
 import secrets
 from pathlib import Path
 
+from implicit_megatron.utils.safe_write import replace_text
+
 WANDB_RUN_ID_FILE = "wandb_run_id"
 STEP = "trainer/step"
 
@@ -55,7 +57,7 @@ class WeightsAndBiases:
                               resume="allow", config=config, settings=wandb.Settings(silent=True))
         self.run.define_metric(STEP)
         self.run.define_metric("*", step_metric=STEP)
-        id_file.write_text(run_id + "\n")
+        replace_text(id_file, run_id + "\n")
 
     def log(self, metrics: dict[str, float], step: int) -> None:
         self.run.log({STEP: step, **metrics})

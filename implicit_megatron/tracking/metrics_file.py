@@ -9,12 +9,14 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from implicit_megatron.utils.safe_write import open_append, replace_text
+
 METRICS_FILE = "metrics.jsonl"
 
 
 def append_metrics(output_dir: str | Path, step: int, metrics: dict[str, float]) -> None:
     """One line of `metrics.jsonl`, the plain record next to the checkpoints (for scripts and tests)."""
-    with open(Path(output_dir) / METRICS_FILE, "a") as handle:
+    with open_append(Path(output_dir) / METRICS_FILE) as handle:
         handle.write(json.dumps({"step": step, **metrics}) + "\n")
 
 
@@ -35,9 +37,7 @@ def drop_metrics_after(output_dir: str | Path, step: int) -> list[int]:
             continue
         (dropped if later else kept).append(line)
     if dropped or torn:
-        tmp = path.with_suffix(".jsonl.tmp")
-        tmp.write_text("".join(line + "\n" for line in kept))
-        tmp.replace(path)
+        replace_text(path, "".join(line + "\n" for line in kept))
     return sorted({json.loads(line)["step"] for line in dropped})
 
 

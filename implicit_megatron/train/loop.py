@@ -40,6 +40,7 @@ from implicit_megatron.train.step_metrics import IntervalMetrics, step_flags
 from implicit_megatron.train.tasks import build_task
 from implicit_megatron.train.timers import StepTimers
 from implicit_megatron.train.validation import accuracy, evaluate, lm_loss
+from implicit_megatron.utils.safe_write import replace_text
 
 
 @dataclass
@@ -63,7 +64,7 @@ class Trainer:
         if self.rank == 0:
             out = Path(cfg.output_dir)
             out.mkdir(parents=True, exist_ok=True)
-            (out / "config.yaml").write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
+            replace_text(out / "config.yaml", yaml.safe_dump(cfg.to_dict(), sort_keys=False))
             self.task.prepare()
         dist.barrier()
         torch.manual_seed(cfg.train.seed)

@@ -1,4 +1,5 @@
-"""One run per output folder: a lock file that rank 0 takes before anything is written.
+"""One run per output folder, and the folder its own: a lock file that rank 0 takes before anything
+is written, refused while the folder holds a link (not_its_own).
 
 Two runs on one folder would resume from the same checkpoint and interleave their saves (and race
 on `latest` and on MLflow's store). `<output_dir>/run.lock` holds the holder's host, process id,
@@ -22,6 +23,7 @@ import time
 from pathlib import Path
 
 from data_pipeline.processes import process_running, start_ticks
+from implicit_megatron.utils.own_files import foreign_entry_inside
 
 LOCK_FILE = "run.lock"
 
@@ -35,9 +37,24 @@ def _holder_text(holder: dict) -> str:
     return f"host {holder.get('host')}, process {holder.get('pid')}, started {started}: {holder.get('command', '?')}"
 
 
+def not_its_own(output_dir: str | Path) -> str | None:
+    """Why the folder is not a run's own (None: it is): a link inside it (a file or `checkpoints/` of
+    a folder copied from elsewhere) would make the run write through it, into another run's
+    checkpoints or a file outside, where this lock protects nothing."""
+    found = foreign_entry_inside(Path(output_dir))
+    if found is None:
+        return None
+    return (f"{found}: a run folder holds its own files only, and this run would write through it; replace it "
+            "with the file or folder it points to (to keep a run on another disk, link the whole run folder, "
+            "train.output_dir, instead)")
+
+
 def in_use(output_dir: str | Path) -> str | None:
-    """Why the folder cannot be taken now (held by a live run, or by one on another host), or None."""
+    """Why the folder cannot be taken now (held by a live run, or by one on another host, or holding
+    a link: not_its_own), or None."""
     folder = Path(output_dir)
+    if not_its_own(folder):
+        return not_its_own(folder)
     path = folder / LOCK_FILE
     holder = RunLock._read(path) if path.exists() else None
     if holder is None:
@@ -62,6 +79,8 @@ class RunLock:
         path = folder / LOCK_FILE
         me = {"host": socket.gethostname(), "pid": os.getpid(), "ticks": start_ticks(os.getpid()),
               "started": time.time(), "command": " ".join(sys.argv)}
+        if not_its_own(folder):
+            raise RunLocked(not_its_own(folder))
         for _ in range(5):  # each round: create, or judge the holder and maybe take a stale lock over
             try:
                 fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)

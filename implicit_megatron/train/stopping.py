@@ -22,6 +22,8 @@ import signal
 import time
 from pathlib import Path
 
+from implicit_megatron.utils.safe_write import replace_text
+
 STOP_FILE = "stop-requested"  # in the output folder: stop as SIGTERM would (written by launch/pretrain.sh)
 PREEMPTED_FILE = "preempted.json"  # in the output folder: this launch stopped early, with its checkpoint
 # Set by launch/pretrain.sh for the ranks it starts: it removed the files of earlier launches before
@@ -108,5 +110,5 @@ class Preemption:
         """Rank 0: the stop was graceful, after `step`, with checkpoint `tag` (None: none saved)."""
         if self.rank == 0:
             (self.folder / STOP_FILE).unlink(missing_ok=True)
-            (self.folder / PREEMPTED_FILE).write_text(json.dumps({"step": step, "checkpoint": tag,
-                                                                 "reason": self.why}) + "\n")
+            replace_text(self.folder / PREEMPTED_FILE, json.dumps({"step": step, "checkpoint": tag,
+                                                                   "reason": self.why}) + "\n")
