@@ -1,6 +1,7 @@
 """implicit-megatron: pretraining of implicit (self-iterated) Mamba2 and Llama language models.
 
 Public surface: `load_config(path, overrides)`, `build_model(cfg)` and `from_pretrained(folder)`.
+Importing the package also registers its exported model with transformers' Auto classes (hf/auto.py).
 They import lazily, so that `python -m implicit_megatron.config` and the training entry start
 without importing each other.
 """
@@ -9,11 +10,12 @@ from __future__ import annotations
 
 import os
 
-from implicit_megatron.hf import legacy_names
+from implicit_megatron.hf import auto, legacy_names
 
 # Importing MLflow otherwise looks up telemetry on the network; clusters are often offline.
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 legacy_names.install()  # folders exported by earlier versions import modules that have moved
+auto.install()  # transformers' Auto classes load exports without running their code (hf/auto.py)
 
 
 def load_config(path, overrides=(), **kwargs):

@@ -165,7 +165,7 @@ def main(argv: list[str] | None = None) -> int:
     transformers_logging.set_verbosity_error()
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(args.export) if args.export else write_random_export(args.config, Path(tmp) / "export")
-        model = AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True).to(args.device).eval()
+        model = AutoModelForCausalLM.from_pretrained(folder).to(args.device).eval()
     lm = model._language_model[0]
     label = args.export or args.config
     kind = "implicit" if lm.core.implicit else "explicit"

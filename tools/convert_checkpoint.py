@@ -5,7 +5,7 @@
     python tools/convert_checkpoint.py universal CKPT_DIR [--tag T]
 
 `export` writes model.safetensors + config.json + the tokenizer file, a folder that
-`implicit_megatron.from_pretrained(OUT_DIR)` and, with trust_remote_code=True, transformers'
+`implicit_megatron.from_pretrained(OUT_DIR)` and, after `import implicit_megatron`, transformers'
 AutoModelForCausalLM load. CKPT_DIR is a run's `checkpoints/` folder.
 `import` reads an explicit Mamba2 (transformers or mamba_ssm) or Llama (transformers) folder and
 writes the same kind of folder; with an implicit --base-config the injection starts fresh. It also

@@ -3,8 +3,8 @@
 The paper's seven tasks need their data sets from the Hub, or from the local cache where the Hub
 cannot be reached (lm_eval_data.py says in one line which are missing). Offline, `include_path`
 names a folder of local task YAMLs (with jsonl data); then only those tasks are loaded, which also
-keeps start-up fast. The "hf" backend runs an exported folder through AutoModelForCausalLM with
-trust_remote_code=True, set to the same solver phase as our adapter.
+keeps start-up fast. The "hf" backend runs an exported folder through AutoModelForCausalLM (the
+package's registered class: no code of the folder runs), set to the same solver phase as our adapter.
 """
 
 from __future__ import annotations
@@ -30,14 +30,14 @@ def build_lm(loaded: LoadedModel, options: LmEvalOptions):
 
 
 def hf_lm(loaded: LoadedModel, options: LmEvalOptions):
-    """lm_eval's HFLM on the exported folder loaded by transformers (trust_remote_code=True)."""
+    """lm_eval's HFLM on the exported folder loaded by transformers' AutoModelForCausalLM."""
     if loaded.kind != "export":
         raise ValueError(f"{loaded.source}: the hf backend needs an exported folder; write one with "
                          "tools/convert_checkpoint.py export")
     from lm_eval.models.huggingface import HFLM
     from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
 
-    model = AutoModelForCausalLM.from_pretrained(loaded.source, trust_remote_code=True).eval()
+    model = AutoModelForCausalLM.from_pretrained(loaded.source).eval()
     model.to(loaded.model.embedding.weight.device)
     apply_solver(model._language_model[0], loaded.solver)
     backend = loaded.tokenizer.backend

@@ -1,7 +1,9 @@
 """Our models among transformers' and the paper's: exported folders, and weights in from elsewhere.
 
     export.py            model folders: written from a checkpoint (`export`), read (`from_pretrained`)
-    model.py             the transformers model behind AutoModelForCausalLM (trust_remote_code)
+    config.py            the transformers config of an export (our run config inside)
+    model.py             the transformers model behind AutoModelForCausalLM
+    auto.py              both registered with transformers' Auto classes when the package is imported
     remote_code.py       the `modeling_implicit_megatron.py` every exported folder carries
     generation_state.py  the sequential-mode state that `generate` carries between tokens
     import_explicit.py   weights in from explicit transformers / mamba_ssm Mamba2 and Llama models

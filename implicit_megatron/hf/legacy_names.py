@@ -3,8 +3,9 @@
 Until the package was arranged in rooms, an export carried a whole copy of the transformers wrapper
 as `modeling_implicit_megatron.py`, and that copy imports `implicit_megatron.export` and
 `implicit_megatron.hf_cache`. Those modules now live in `hf/`; `OLD_MODULES` answers their old
-names with the names such a copy uses, so that `AutoModelForCausalLM.from_pretrained(old_folder,
-trust_remote_code=True)` still loads. Exports made since carry `remote_code.py`, which needs no
+names with the names such a copy uses, so that such a folder still loads where transformers runs
+its copy (the flag trust_remote_code, without the package imported: imported, the package's
+registered classes load it, hf/auto.py). Exports made since carry `remote_code.py`, which needs no
 old name. Installed by the package's `__init__`; nothing is imported until an old name is asked for.
 """
 

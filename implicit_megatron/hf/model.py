@@ -1,13 +1,14 @@
-"""Our model behind transformers' Auto classes, for exported folders (`trust_remote_code=True`).
+"""Our model behind transformers' Auto classes, for exported folders.
 
-An exported folder names these two classes in config.json's `auto_map`, through its
-`modeling_implicit_megatron.py` (hf/remote_code.py), so that
+Registered with them when the package is imported (hf/auto.py), so that after `import implicit_megatron`
 
-    AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True)
+    AutoModelForCausalLM.from_pretrained(folder)
 
-builds the same LanguageModel that `implicit_megatron.from_pretrained` builds (the package must
-be installed). The wrapper registers the LanguageModel's own submodules, so the state-dict keys
-are those of model.safetensors.
+builds the same LanguageModel that `implicit_megatron.from_pretrained` builds, without running any
+code of the folder. An exported folder also names these classes in config.json's `auto_map`,
+through its `modeling_implicit_megatron.py` (hf/remote_code.py), for `trust_remote_code=True`
+where the package is installed but not imported. The wrapper registers the LanguageModel's own
+submodules, so the state-dict keys are those of model.safetensors.
 
 A plain forward is the LanguageModel's (simultaneous mode: the whole sequence solved at once).
 `generate` runs sequential mode instead, as tools/generate.py does: the prompt token by token,
@@ -23,28 +24,13 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
-from transformers import GenerationMixin, PretrainedConfig, PreTrainedModel
+from transformers import GenerationMixin, PreTrainedModel
 from transformers.modeling_outputs import CausalLMOutputWithPast
+
+from implicit_megatron.hf.config import ImplicitMegatronConfig
 
 # where an output carries the state: `cache` from transformers 5.24 on, `past_key_values` before
 STATE_FIELD = "cache" if "cache" in CausalLMOutputWithPast.__dataclass_fields__ else "past_key_values"
-
-
-class ImplicitMegatronConfig(PretrainedConfig):
-    """Holds our run config (the `implicit_megatron` entry) next to the few fields transformers reads."""
-
-    model_type = "implicit_megatron"
-
-    def __init__(self, implicit_megatron: dict | None = None, **kwargs):
-        self.implicit_megatron = implicit_megatron or {}
-        model = self.implicit_megatron.get("model", {})
-        vocab, multiple = model.get("vocab_size"), model.get("pad_vocab_multiple", 1)
-        # the width of the logits, padding rows included, as transformers' own models count it (beam search does)
-        kwargs.setdefault("vocab_size", -(-vocab // multiple) * multiple if vocab else None)
-        kwargs.setdefault("hidden_size", model.get("d_model"))
-        kwargs.setdefault("num_hidden_layers", model.get("n_layers"))
-        kwargs.setdefault("tie_word_embeddings", model.get("tie_embeddings", True))
-        super().__init__(**kwargs)
 
 
 class ImplicitMegatronForCausalLM(PreTrainedModel, GenerationMixin):
@@ -138,3 +124,6 @@ class ImplicitMegatronForCausalLM(PreTrainedModel, GenerationMixin):
         if state is not None:
             input_ids = input_ids[:, state.get_seq_length():]
         return {"input_ids": input_ids, "cache": state, "attention_mask": attention_mask, "use_cache": use_cache}
+
+
+__all__ = ["STATE_FIELD", "ImplicitMegatronConfig", "ImplicitMegatronForCausalLM"]

@@ -60,7 +60,7 @@ def test_export_gives_the_training_models_logits_in_ours_and_in_transformers(sta
     assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors",
                                                      "modeling_implicit_megatron.py", "tokenizer.json",
                                                      "tokenizer_config.json"]
-    hf = AutoModelForCausalLM.from_pretrained(out, trust_remote_code=True).eval()
+    hf = AutoModelForCausalLM.from_pretrained(out).eval()
     ids = torch.randint(0, 50277, (2, 24))
     with torch.no_grad():
         expected, ours, theirs = trained(ids), exported(ids), hf(ids).logits

@@ -41,8 +41,8 @@ def state_of(output) -> SequentialState | None:
 
 
 def load(folder: Path):
-    tokenizer = AutoTokenizer.from_pretrained(folder, trust_remote_code=True)
-    return tokenizer, AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True).eval()
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    return tokenizer, AutoModelForCausalLM.from_pretrained(folder).eval()
 
 
 @pytest.mark.parametrize("name", MODELS)
@@ -116,7 +116,7 @@ def test_a_mask_of_ones_changes_nothing(exports):
 
 
 def test_the_export_tells_generate_its_end_of_document_and_padding_rows(exports):
-    """AutoTokenizer needs nothing but the folder and trust_remote_code=True; generate stops at the
+    """AutoTokenizer needs nothing but the folder (the package registers the config); generate stops at the
     end-of-document token and never picks a padding row of the vocabulary, as tools/generate.py."""
     from data_pipeline.tokenizer import load_tokenizer
 
@@ -154,19 +154,40 @@ def test_a_sentencepiece_export_tokenizes_as_the_run_did(exports, tmp_path):
     for name in (CONFIG_FILE, MODELING_FILE):
         shutil.copy(exports["llama-explicit"] / name, folder / name)
     eod = write_tokenizer(Path(model), folder)
-    tokenizer = AutoTokenizer.from_pretrained(folder, trust_remote_code=True)
+    tokenizer = AutoTokenizer.from_pretrained(folder)
     ours = load_tokenizer(model)
     text = "ROMEO: but soft, what light through yonder window"
     assert tokenizer(text)["input_ids"] == ours.encode(text)
     assert eod == ours.eod_id == tokenizer.eos_token_id
 
 
+OLD_COPY = """
+import sys, torch
+from transformers import AutoModelForCausalLM
+model = AutoModelForCausalLM.from_pretrained(sys.argv[1], trust_remote_code=True).eval()
+assert not type(model).__module__.startswith("implicit_megatron"), type(model).__module__  # the folder's copy
+import implicit_megatron
+ids = torch.tensor([[5, 17, 300, 2, 9]])
+with torch.no_grad():
+    assert torch.equal(model(ids).logits, implicit_megatron.from_pretrained(sys.argv[1])(ids))
+try:
+    model(ids[:, :3], attention_mask=torch.tensor([[0, 1, 1]]))
+    raise SystemExit("the copy took padding")
+except ValueError as err:  # what that copy refused, it still refuses
+    assert "padding" in str(err), err
+print("the old copy ran")
+"""
+
+
 @pytest.mark.parametrize("name", ["mamba2-implicit", "llama-explicit"])
 def test_a_folder_exported_by_an_earlier_version_loads_and_generates_the_same(name, exports, tmp_path):
     """Until the package had rooms, exports carried a whole copy of the wrapper, which imports modules
-    that have since moved (hf/legacy_names.py answers their old names). Such a folder gives the
-    same logits and tokens as one exported now, whose modeling file only names the package's classes."""
+    that have since moved. With the package imported, such a folder loads the installed classes (its
+    copy never runs) and gives the tokens and logits of one exported now. Where transformers runs the
+    copy (trust_remote_code without the package imported), hf/legacy_names.py answers its old imports."""
     import shutil
+    import subprocess
+    import sys
 
     from implicit_megatron.hf.export import MODELING_FILE
 
@@ -176,15 +197,17 @@ def test_a_folder_exported_by_an_earlier_version_loads_and_generates_the_same(na
     assert (exports[name] / MODELING_FILE).read_text() == (ROOT / "implicit_megatron/hf/remote_code.py").read_text()
     tokenizer, now = load(exports[name])
     _, before = load(old)
-    assert type(before).__module__ != type(now).__module__  # the folder's own copy ran
+    assert type(before) is type(now)  # the installed class, not the folder's copy
     batch = tokenizer(PROMPTS, return_tensors="pt")
     greedy = {"max_new_tokens": NEW_TOKENS, "do_sample": False, "return_dict_in_generate": True,
               "output_logits": True}
     expected, got = now.generate(**batch, **greedy), before.generate(**batch, **greedy)
     assert got.sequences.tolist() == expected.sequences.tolist()
     assert torch.equal(torch.stack(got.logits), torch.stack(expected.logits))
-    with pytest.raises(ValueError, match="padding"):  # what that copy refused, it still refuses
-        before(batch["input_ids"][:1], attention_mask=torch.tensor([[0, 1, 1, 1, 1, 1]]))
+    if name == "mamba2-implicit":
+        copy = subprocess.run([sys.executable, "-c", OLD_COPY, str(old)], cwd=ROOT, capture_output=True, text=True,
+                              timeout=300)
+        assert copy.returncode == 0 and "the old copy ran" in copy.stdout, copy.stderr[-3000:]
 
 
 def test_save_pretrained_writes_what_an_export_carries(exports, tmp_path):
@@ -199,8 +222,8 @@ def test_save_pretrained_writes_what_an_export_carries(exports, tmp_path):
     assert sorted(p.name for p in saved.glob("*.py")) == [MODELING_FILE]
     assert (saved / MODELING_FILE).read_text() == (exports["mamba2-implicit"] / MODELING_FILE).read_text()
     assert json.loads((saved / CONFIG_FILE).read_text())["auto_map"] == AUTO_MAP
-    assert type(hf)._auto_class == "AutoModelForCausalLM"  # left as loading set it
+    assert "_auto_class" not in type(hf).__dict__  # left as loading left it (the registered class: unset)
     ids = torch.tensor([[5, 9, 2, 7]])
-    again = AutoModelForCausalLM.from_pretrained(saved, trust_remote_code=True).eval()
+    again = AutoModelForCausalLM.from_pretrained(saved).eval()
     assert torch.equal(again(ids).logits, hf(ids).logits)
     assert torch.equal(from_pretrained(saved).eval()(ids), hf(ids).logits)

@@ -16,8 +16,8 @@ NEW_TOKENS = 6
 
 
 def load64(folder, side: str):
-    tokenizer = AutoTokenizer.from_pretrained(folder, trust_remote_code=True, padding_side=side)
-    model = AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True, dtype=torch.float64).eval()
+    tokenizer = AutoTokenizer.from_pretrained(folder, padding_side=side)
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float64).eval()
     return tokenizer, model
 
 

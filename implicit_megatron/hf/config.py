@@ -1,0 +1,30 @@
+"""The transformers config of an exported folder: our run config beside the fields transformers reads.
+
+Its own module, importing only transformers' config base: it is registered with AutoConfig when
+transformers' auto module is imported (hf/auto.py), and the model's heavier imports must not run then.
+"""
+
+from __future__ import annotations
+
+from transformers.configuration_utils import PretrainedConfig
+
+FIRST_USE: list = []  # called once, when the first of these configs is made (hf/auto.py fills it)
+
+
+class ImplicitMegatronConfig(PretrainedConfig):
+    """Holds our run config (the `implicit_megatron` entry) next to the few fields transformers reads."""
+
+    model_type = "implicit_megatron"
+
+    def __init__(self, implicit_megatron: dict | None = None, **kwargs):
+        self.implicit_megatron = implicit_megatron or {}
+        model = self.implicit_megatron.get("model", {})
+        vocab, multiple = model.get("vocab_size"), model.get("pad_vocab_multiple", 1)
+        # the width of the logits, padding rows included, as transformers' own models count it (beam search does)
+        kwargs.setdefault("vocab_size", -(-vocab // multiple) * multiple if vocab else None)
+        kwargs.setdefault("hidden_size", model.get("d_model"))
+        kwargs.setdefault("num_hidden_layers", model.get("n_layers"))
+        kwargs.setdefault("tie_word_embeddings", model.get("tie_embeddings", True))
+        super().__init__(**kwargs)
+        while FIRST_USE:  # AutoModelForCausalLM reads this config next: hf/auto.py registers the model now
+            FIRST_USE.pop()()
