@@ -75,6 +75,10 @@ def check_options(options: EvalOptions) -> None:
                          f"{problem}")
     if "lm_eval" in options.tasks:  # unknown tasks, or data that cannot be had offline, in one line
         check_tasks(options.lm_eval)
+    if options.run_dir:  # where results will be logged: the run folder's own store, checked now
+        from implicit_megatron.evaluation.tracking import check_destination
+
+        check_destination(options.run_dir)
 
 
 def output_folder(options: EvalOptions) -> Path:
@@ -242,4 +246,4 @@ def write_outputs(results: dict, out: Path) -> list[Path]:
 def log_mlflow(run_dir: str, loaded: LoadedModel, results: dict, files: list[Path]) -> str:
     from implicit_megatron.evaluation.tracking import log_results
 
-    return log_results(run_dir, loaded.cfg, results, files)
+    return log_results(run_dir, loaded.cfg.name, results, files)

@@ -1,7 +1,9 @@
 """Evaluation results into the training run's MLflow store, next to its training curves.
 
-The store is the one the trainer used: the run's `mlflow.db` (or the config's tracking.uri), and
-the run named in its `mlflow_run_id` file; a folder without one gets a new "<name>-eval" run.
+The store is the one the trainer used: the run's `mlflow.db` (or the tracking.uri of the config the
+run saved, never of the model evaluated), and the run named in its `mlflow_run_id` file; a folder
+without one gets a new "<name>-eval" run. A local store whose experiment keeps its artifacts
+outside the run folder (a store received from elsewhere) is refused by name.
 Metrics are logged under `eval/` at the checkpoint's step; the output files as artifacts.
 """
 
@@ -11,8 +13,10 @@ import os
 import time
 from pathlib import Path
 
-from implicit_megatron.config import Config
-from implicit_megatron.tracking.tracker import RUN_ID_FILE
+import yaml
+
+from implicit_megatron.config import TrackingConfig
+from implicit_megatron.tracking.tracker import RUN_CONFIG, RUN_ID_FILE, STORE, artifacts_outside, refuse_outside
 
 
 def flat_metrics(results: dict) -> dict[str, float]:
@@ -36,28 +40,59 @@ def flat_metrics(results: dict) -> dict[str, float]:
     return out
 
 
-def log_results(run_dir: str | Path, cfg: Config, results: dict, files: list[Path]) -> str:
-    """Log metrics and files; returns the MLflow run id."""
-    os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
-    from mlflow import MlflowClient
-    from mlflow.entities import Metric
-
+def destination(run_dir: str | Path) -> tuple[str, str, bool]:
+    """(tracking URI, experiment, whether the store is the folder's own sqlite file) of a run folder:
+    from the config its trainer saved there (config.yaml), else the folder's local store, as training
+    logs. Never from the model being evaluated: an export or checkpoint from elsewhere names in its
+    config whatever store its sender chose. ValueError naming what is wrong."""
     folder = Path(run_dir).resolve()
     if not folder.is_dir():
         raise FileNotFoundError(f"run folder {folder} does not exist")
-    local = cfg.tracking.uri is None
-    client = MlflowClient(tracking_uri=f"sqlite:///{folder / 'mlflow.db'}" if local else cfg.tracking.uri)
+    saved = folder / RUN_CONFIG
+    try:
+        tracking = ((yaml.safe_load(saved.read_text()) if saved.is_file() else None) or {}).get("tracking") or {}
+    except (yaml.YAMLError, UnicodeDecodeError, AttributeError) as err:
+        raise ValueError(f"{saved}: not the config a run saved ({type(err).__name__}); --run needs a run folder") \
+            from None
+    uri, experiment = tracking.get("uri"), tracking.get("experiment") or TrackingConfig().experiment
+    return (uri, experiment, False) if uri else (f"sqlite:///{folder / STORE}", experiment, True)
+
+
+def check_destination(run_dir: str | Path):
+    """The MLflow client of the run folder's store (`destination`) and the run its `mlflow_run_id`
+    names (None: none yet), after refusing, by name, a local store that would write artifacts
+    outside the folder (its run's, or the experiment's a new run would join)."""
+    os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+    from mlflow import MlflowClient
+
+    folder = Path(run_dir).resolve()
+    uri, experiment_name, local = destination(folder)
+    client = MlflowClient(tracking_uri=uri)
     id_file = folder / RUN_ID_FILE
-    if id_file.is_file():
-        run_id = id_file.read_text().strip()
-    else:
-        experiment = client.get_experiment_by_name(cfg.tracking.experiment)
-        if experiment is None:
-            location = (folder / "mlflow-artifacts").as_uri() if local else None
-            experiment_id = client.create_experiment(cfg.tracking.experiment, artifact_location=location)
-        else:
-            experiment_id = experiment.experiment_id
-        run_id = client.create_run(experiment_id, run_name=f"{cfg.name}-eval").info.run_id
+    run_id = id_file.read_text().strip() if id_file.is_file() else None
+    if local and run_id:
+        refuse_outside(artifacts_outside(folder, client.get_run(run_id).info.artifact_uri, f"run {run_id}"))
+    elif local and (folder / STORE).is_file():
+        experiment = client.get_experiment_by_name(experiment_name)
+        if experiment is not None:
+            refuse_outside(artifacts_outside(folder, experiment.artifact_location, f"experiment {experiment.name!r}"))
+    return client, run_id
+
+
+def log_results(run_dir: str | Path, name: str, results: dict, files: list[Path]) -> str:
+    """Log metrics and files into the run folder's store (`check_destination`); returns the MLflow run
+    id. A new run, where the folder names none, is called `<name>-eval`."""
+    from mlflow.entities import Metric
+
+    folder = Path(run_dir).resolve()
+    client, run_id = check_destination(folder)
+    if run_id is None:
+        _, experiment_name, local = destination(folder)
+        experiment = client.get_experiment_by_name(experiment_name)
+        location = (folder / "mlflow-artifacts").as_uri() if local else None
+        experiment_id = experiment.experiment_id if experiment else client.create_experiment(
+            experiment_name, artifact_location=location)
+        run_id = client.create_run(experiment_id, run_name=f"{name}-eval").info.run_id
         client.set_terminated(run_id)
     now, step = int(time.time() * 1000), int(results["model"].get("step") or 0)
     metrics = [Metric(k, float(v), now, step) for k, v in flat_metrics(results).items()]

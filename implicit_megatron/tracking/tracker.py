@@ -23,6 +23,7 @@ from pathlib import Path
 
 from implicit_megatron.config import Config
 from implicit_megatron.tracking.dashboards import Dashboards
+from implicit_megatron.utils.safe_write import replace_text
 
 RUN_ID_FILE = "mlflow_run_id"
 
@@ -38,6 +39,29 @@ def flatten(data: dict, prefix: str = "") -> dict[str, str]:
 
 
 STORE = "mlflow.db"
+RUN_CONFIG = "config.yaml"  # the resolved config a run's trainer saves in its output folder
+
+
+def artifacts_outside(out: Path, location: str | None, whose: str) -> str | None:
+    """Why a local store's experiment or run (`whose`) must not be written to (None: it may): it keeps
+    its artifacts at `location`, outside the run folder `out` (a store received with a run folder
+    names any place it likes)."""
+    from urllib.parse import urlparse
+    from urllib.request import url2pathname
+
+    location = location or ""
+    parsed = urlparse(location)
+    if parsed.scheme == "file" and parsed.netloc in ("", "localhost") and \
+            Path(url2pathname(parsed.path)).resolve().is_relative_to(out.resolve()):
+        return None
+    return (f"{out / STORE}: {whose} keeps its artifacts at {location!r}, outside the run folder {out}; a run's "
+            f"local store writes into its own folder only (remove {out / STORE} to start a new one, or set "
+            "tracking.uri to a server)")
+
+
+def refuse_outside(problem: str | None | bool) -> None:
+    if problem:
+        raise ValueError(problem)
 
 
 def _warn(message: str) -> None:
@@ -135,20 +159,25 @@ class Tracker:
             experiment_id = self.client.create_experiment(cfg.tracking.experiment, artifact_location=location)
         else:
             experiment_id = experiment.experiment_id
+            refuse_outside(local and artifacts_outside(out, experiment.artifact_location,
+                                                       f"experiment {experiment.name!r}"))
         id_file = out / RUN_ID_FILE
         if id_file.is_file():
             run_id = id_file.read_text().strip()
             try:
-                self.client.update_run(run_id, status="RUNNING")
-                self.run_id = run_id
-                return
+                run = self.client.get_run(run_id)
             except Exception as err:  # noqa: BLE001
                 _warn(f"the MLflow run {run_id} named in {id_file} is not in the store ({_first_line(err)}); "
                       "starting a new MLflow run")
+            else:
+                refuse_outside(local and artifacts_outside(out, run.info.artifact_uri, f"run {run_id}"))
+                self.client.update_run(run_id, status="RUNNING")
+                self.run_id = run_id
+                return
         run = self.client.create_run(experiment_id, run_name=cfg.name)
         self.run_id = run.info.run_id
         self._log_config(cfg, out)
-        id_file.write_text(self.run_id + "\n")
+        replace_text(id_file, self.run_id + "\n")
 
     def _log_config(self, cfg: Config, out: Path) -> None:
         from mlflow.entities import Param
@@ -156,7 +185,7 @@ class Tracker:
         params = [Param(k, v) for k, v in flatten(cfg.to_dict()).items()]
         for i in range(0, len(params), 100):
             self.client.log_batch(self.run_id, params=params[i:i + 100])
-        self.client.log_artifact(self.run_id, str(out / "config.yaml"))  # written by the trainer
+        self.client.log_artifact(self.run_id, str(out / RUN_CONFIG))  # written by the trainer
 
     def begin(self, step: int) -> None:
         """Training starts (again) at `step`: the dashboards open, a resumed one continuing its curves."""

@@ -170,3 +170,27 @@ def test_a_resume_drops_the_steps_it_trains_again_and_a_line_a_kill_cut(tmp_path
     (tmp_path / METRICS_FILE).write_text((tmp_path / METRICS_FILE).read_text() + '{"st')
     assert drop_metrics_after(tmp_path, 4) == []
     assert (tmp_path / METRICS_FILE).read_text().endswith("}\n") and len(read_metrics(tmp_path)) == 4
+
+
+@pytest.mark.parametrize("whose", ["experiment", "run"])
+def test_a_received_store_that_keeps_artifacts_elsewhere_is_not_written_to(tmp_path, capsys, whose):
+    """A run folder from elsewhere may bring an MLflow store whose experiment (or run) keeps its
+    artifacts outside the folder: MLflow stays off for the launch, with a warning naming both."""
+    from mlflow import MlflowClient
+
+    out, outside = tmp_path / "run", tmp_path / "outside"
+    out.mkdir()
+    outside.mkdir()
+    (out / "config.yaml").write_text("name: x\n")
+    client = MlflowClient(tracking_uri=f"sqlite:///{out / STORE}")
+    if whose == "experiment":
+        client.create_experiment("implicit-megatron", artifact_location=outside.as_uri())
+    else:  # the experiment is the folder's own, the run the folder names is not
+        theirs = client.create_experiment("theirs", artifact_location=outside.as_uri())
+        client.create_experiment("implicit-megatron", artifact_location=(out / "mlflow-artifacts").as_uri())
+        (out / tracker_module.RUN_ID_FILE).write_text(client.create_run(theirs).info.run_id + "\n")
+    tracker = Tracker(config(out), active=True)
+    tracker.log({"train/loss": 3.0}, 1)
+    tracker.finish()
+    assert tracker.run_id is None and not any(outside.iterdir())
+    assert "outside the run folder" in capsys.readouterr().out
