@@ -159,6 +159,13 @@ if [ "$gpus" -gt 0 ]; then
   launcher+=(${LAUNCHER_ARGS:-})
   deepspeed_bin="$(dirname "$PYTHON")/deepspeed"
   [ -x "$deepspeed_bin" ] && launcher[0]="$deepspeed_bin"
+  if [ -n "${HOSTFILE:-}" ] || [ "${nodes:-1}" != 1 ]; then
+    # Several nodes: the launcher starts each node's ranks through a remote shell (pdsh, mpirun, srun),
+    # which would split the arguments again and run what they hold ($(...), ;). They travel as one
+    # base64 word instead (letters, digits, + / =), which the rank decodes (implicit_megatron.train).
+    launch "${launcher[@]}" --module implicit_megatron.train --args-base64 \
+      "$(printf '%s\0' "$config" "$@" | base64 | tr -d '\n')"
+  fi
   launch "${launcher[@]}" --module implicit_megatron.train "$config" "$@"
 fi
 

@@ -8,6 +8,7 @@ from rank 0, no traceback), 1 on a failure (with its traceback).
 from __future__ import annotations
 
 import argparse
+import base64
 import json
 import os
 import socket
@@ -18,8 +19,20 @@ from implicit_megatron.prelaunch import load_config
 from implicit_megatron.train import quiet, stopping
 from implicit_megatron.utils.typed_yaml import ConfigError
 
+ENCODED = "--args-base64"  # launch/pretrain.sh's form on several nodes: CONFIG and overrides, NUL-ended, in base64
+
+
+def decoded(argv: list[str]) -> list[str]:
+    """The arguments themselves, where launch/pretrain.sh sent them as `--args-base64 WORD` through a
+    remote shell (which would split or run them as they are); any other form as it is."""
+    rest = [a for a in argv if not a.startswith(("--local_rank", "--local-rank"))]  # a launcher may add it
+    if len(rest) != 2 or rest[0] != ENCODED:
+        return argv
+    return base64.b64decode(rest[1], validate=True).decode().split("\0")[:-1]
+
 
 def main(argv: list[str] | None = None) -> int:
+    argv = decoded(sys.argv[1:] if argv is None else argv)
     parser = argparse.ArgumentParser(
         prog="python -m implicit_megatron.train", formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Train one rank of a run: started by launch/pretrain.sh, torchrun, the DeepSpeed\n"

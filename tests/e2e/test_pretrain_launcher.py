@@ -57,6 +57,38 @@ def test_torch_counts_gpus_only_where_a_gpu_device_node_exists(nodes, tmp_path):
     assert any("torch.cuda.device_count()" in call for call in calls) == (nodes == "present"), calls
 
 
+def test_several_nodes_pass_the_arguments_as_one_word_that_no_remote_shell_splits(shakespeare_shards, tmp_path):
+    """On several nodes the DeepSpeed launcher reaches each node through a remote shell (pdsh quotes
+    only arguments with spaces): the arguments travel as one base64 word, which the rank decodes to
+    exactly what was typed. Here a stand-in GPU count and `deepspeed` record the launch."""
+    from implicit_megatron.train.__main__ import decoded
+
+    bin_dir, recorded, marker = tmp_path / "bin", tmp_path / "deepspeed-argv", tmp_path / "marker"
+    bin_dir.mkdir()
+    (bin_dir / "python").write_text(f'#!/bin/sh\ncase "$*" in *device_count*) echo 2; exit 0;; esac\n'
+                                    f'exec {sys.executable} "$@"\n')
+    (bin_dir / "deepspeed").write_text(f'#!/bin/sh\nprintf "%s\\n" "$@" > {recorded}\n')
+    for tool in bin_dir.iterdir():
+        tool.chmod(0o755)
+    (tmp_path / "nvidia0").write_text("")
+    (tmp_path / "hostfile").write_text("node-a slots=2\nnode-b slots=2\n")
+    args = ["configs/tiny/mamba2-implicit.yaml", f"tracking.uri=http://127.0.0.1:9/$(touch {marker});x",
+            f"data.prefixes=[{shakespeare_shards}]", "train.global_batch_size=16",
+            f"train.output_dir={tmp_path / 'my run'}", "data.source=null"]
+    env = child_env(PYTHON=str(bin_dir / "python"), GPU_DEVICE_NODES=str(tmp_path / "nvidia0"),
+                    HOSTFILE=str(tmp_path / "hostfile"))
+    result = subprocess.run(["bash", "launch/pretrain.sh", *args], cwd=ROOT, env=env, capture_output=True,
+                            text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-3000:]
+    argv = recorded.read_text().splitlines()
+    word = argv[argv.index("implicit_megatron.train") + 2]
+    assert argv[argv.index("implicit_megatron.train") + 1] == "--args-base64" and argv[-1] == word
+    assert all(c.isalnum() or c in "+/=" for c in word)  # nothing a shell splits, expands or runs
+    remote = subprocess.run(["sh", "-c", f"printf '%s' {word}"], capture_output=True, text=True)
+    assert decoded(["--args-base64", remote.stdout]) == args
+    assert not marker.exists()
+
+
 def test_a_mistyped_data_prefix_is_refused_before_launch(shakespeare_shards, tmp_path):
     typo = shakespeare_shards + "_typo"
     result = pretrain("configs/tiny/mamba2-implicit.yaml", f"data.prefixes=[{typo}]", f"train.output_dir={tmp_path}")
