@@ -91,15 +91,20 @@ def merge_split(parts: list[str], prefix: str, split: str, dtype: type[np.intege
 
 
 def _copy_documents(parts: list[str], shards: _ShardSequence, cap: int) -> None:
+    """Copy every document of `parts` once, in order, each into the open shard while it fits under
+    `cap`. Every round either copies at least one document (`start` grows) or closes a shard that
+    holds tokens, after which the next round copies: the loop ends after at most two rounds per
+    document, and writes exactly the parts' tokens."""
     for part in parts:
         lengths = document_lengths(part)
         ends = np.cumsum(lengths)  # ends[i]: tokens up to and including document i
         start = 0
         while start < len(lengths):
             before = int(ends[start - 1]) if start else 0
-            stop = int(np.searchsorted(ends, before + cap - shards.tokens, side="right"))
+            room = cap - shards.tokens  # below zero after a document longer than the cap
+            stop = max(start, int(np.searchsorted(ends, before + room, side="right")))
             if stop == start:  # the next document does not fit
-                if shards.tokens == 0:  # an oversized document: a shard of its own
+                if shards.tokens == 0:  # longer than the cap: a shard of its own
                     stop = start + 1
                 else:
                     shards.close_current()

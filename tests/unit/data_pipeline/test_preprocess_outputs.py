@@ -69,6 +69,24 @@ def test_max_shard_tokens_cuts_at_documents(tmp_path, neox, neox_path, small_tex
         assert lengths.sum() <= cap or len(lengths) == 1
 
 
+@pytest.mark.timeout(60)  # the merge once looped back over a document longer than the cap, filling the disk
+def test_a_document_longer_than_the_shard_cap_gets_a_shard_of_its_own(tmp_path, neox, neox_path, write_jsonl,
+                                                                        read_split):
+    long = " ".join(["word"] * 200)
+    texts = ["ROMEO: short.", long, "JULIET: short too.", long + " again", "HAMLET: the end.", "one", long]
+    source = write_jsonl(tmp_path / "docs.jsonl", [{"text": t} for t in texts])
+    prefix = tmp_path / "out" / "neox"
+    stats = run_preprocess(_config([source], prefix, neox_path, valid_fraction=0.0, test_fraction=0.0,
+                                   max_shard_tokens=50))
+    documents = [neox.encode(t) + [neox.eod_id] for t in texts]
+    assert read_split(str(prefix), "train") == documents  # every document once, in order, uncut
+    shards = find_shards(str(prefix), "train")
+    sizes = [document_lengths(shard) for shard in shards]
+    assert all(lengths.sum() <= 50 or len(lengths) == 1 for lengths in sizes)
+    assert [len(lengths) for lengths in sizes if lengths.sum() > 50] == [1, 1, 1]  # the long ones, alone
+    assert len(shards) <= len(texts) and stats["splits"]["train"]["shards"] == [str(s) for s in shards]
+
+
 def test_limit_docs_keeps_the_first_documents(tmp_path, neox, neox_path, small_texts, write_jsonl, read_split,
                                               expected_split_docs):
     first = write_jsonl(tmp_path / "a.jsonl", [{"text": t} for t in small_texts[:10]] + [{"text": ""}])
