@@ -13,8 +13,10 @@ tag. Every tag's model-states file carries the run's client state (config, step,
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
+import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -66,8 +68,10 @@ def read_latest(folder: Path) -> str | None:
     """The tag `latest` names; None when there is no `latest`. A `latest` that is not one line of a
     tag name (stray bytes, an empty file) is refused by name."""
     path = folder / LATEST
-    if not path.is_file():
+    if not path.exists() and not path.is_symlink():
         return None
+    if not path.is_file():
+        raise DamagedCheckpoint(path, "is not a file (a folder or a link to nothing?)")
     try:
         tag = path.read_bytes().decode("utf-8").strip()
     except UnicodeDecodeError:
@@ -157,15 +161,19 @@ def recorded_val_loss(tag_dir: Path) -> float | None:
         return None
 
 
-def prune(folder: Path, keep_last: int, latest: str) -> None:
+def prune(folder: Path, keep_last: int, latest: str, log=print) -> None:
     """Keep the newest `keep_last` checkpoints up to `latest` (a newer one, left behind by a fallback
     from a damaged checkpoint, is replaced when training reaches its step again), the one with
     the lowest recorded validation loss (a run that diverges keeps its best weights), and those held
-    (`hold`) until a checkpoint newer than their release step exists."""
+    (`hold`) until a checkpoint newer than their release step exists (all, when the hold list is
+    damaged: read_held)."""
     newest = step_of(latest)
-    held = {tag for tag, entry in read_held(folder).items() if (folder / tag).is_dir() and
+    entries = read_held(folder, log)
+    if entries is None:
+        return
+    held = {tag for tag, entry in entries.items() if (folder / tag).is_dir() and
             (entry.get("released_at") is None or newest <= entry["released_at"])}
-    write_held(folder, {tag: entry for tag, entry in read_held(folder).items() if tag in held})
+    write_held(folder, {tag: entry for tag, entry in entries.items() if tag in held})
     tags = sorted((folder / t for t in tags_by_step(folder) if step_of(t) <= newest), key=lambda p: step_of(p.name))
     scored = [(loss, path) for path in tags if (loss := recorded_val_loss(path)) is not None]
     best = min(scored, key=lambda s: s[0])[1] if scored else None
@@ -174,26 +182,49 @@ def prune(folder: Path, keep_last: int, latest: str) -> None:
             shutil.rmtree(old, ignore_errors=True)
 
 
-def own_run_id(folder: Path, adopt: str | None = None) -> str:
+def own_run_id(folder: Path, adopt: str | None = None, log=print) -> str:
     """The run id of a checkpoints folder, made at its first launch (RUN_ID) and saved with every
     checkpoint, so that a tag copied in from another run is told from the run's own. A folder without
-    one (written before run ids) adopts `adopt`, the id its newest checkpoint records, if any."""
+    one (written before run ids), or whose file is damaged, adopts `adopt`, the id its newest
+    checkpoint records, if any (with a warning through `log` for a damaged one)."""
     path = folder / RUN_ID
     if path.is_file():
-        return path.read_text().strip()
+        try:
+            recorded = path.read_bytes().decode("ascii").strip()
+        except UnicodeDecodeError:
+            recorded = ""
+        if re.fullmatch(r"[0-9a-f]{32}", recorded):
+            return recorded
+        log(f"warning: {path} does not hold a run id (damaged?); "
+            + (f"taking {adopt}, the id its newest checkpoint records" if adopt else "starting a new one"))
     run_id = adopt or uuid.uuid4().hex
     folder.mkdir(parents=True, exist_ok=True)
     replace_text(path, run_id + "\n")
     return run_id
 
 
-def read_held(folder: Path) -> dict[str, dict]:
-    """{tag: {"why": ..., "released_at": step or None}} from `folder`/HELD (nothing when unreadable)."""
-    try:
-        held = json.loads((folder / HELD).read_text())
-    except (OSError, ValueError):
+def read_held(folder: Path, log=print) -> dict[str, dict] | None:
+    """{tag: {"why": ..., "released_at": step or None}} from `folder`/HELD ({} when there is none).
+    None when the file is not such a list (cut short, edited, another program's): it is moved aside,
+    named in a warning through `log`, and the caller keeps every checkpoint this once."""
+    path = folder / HELD
+    if not path.exists():
         return {}
-    return held if isinstance(held, dict) else {}
+    try:
+        held = json.loads(path.read_bytes().decode("utf-8"))
+        fits = isinstance(held, dict) and all(
+            not name_problem(tag) and isinstance(entry, dict) and isinstance(entry.get("why", ""), str)
+            and (entry.get("released_at") is None or type(entry.get("released_at")) is int)
+            for tag, entry in held.items())
+    except (OSError, ValueError):
+        fits = False
+    if fits:
+        return held
+    aside = path.with_name(f"{HELD}.damaged-{time.strftime('%Y%m%d-%H%M%S')}")
+    os.replace(path, aside)
+    log(f"warning: {path} is not a list of held checkpoints (damaged?): moved to {aside}; no checkpoint is pruned "
+        "at this save, and the checkpoints it held are held no longer")
+    return None
 
 
 def write_held(folder: Path, held: dict[str, dict]) -> None:
@@ -203,16 +234,16 @@ def write_held(folder: Path, held: dict[str, dict]) -> None:
     replace_text(folder / HELD, json.dumps(held, indent=1) + "\n")
 
 
-def hold(folder: Path, tag: str, why: str) -> None:
+def hold(folder: Path, tag: str, why: str, log=print) -> None:
     """Keep `tag` through pruning until `release` and a checkpoint after that (the checkpoint a
     diverging run names as the one to go back to must still be there when the user does)."""
-    write_held(folder, {**read_held(folder), tag: {"why": why, "released_at": None}})
+    write_held(folder, {**(read_held(folder, log) or {}), tag: {"why": why, "released_at": None}})
 
 
-def release(folder: Path, step: int) -> None:
+def release(folder: Path, step: int, log=print) -> None:
     """The held tags may be pruned once a checkpoint after `step` exists (it is then known good)."""
     write_held(folder, {tag: {**entry, "released_at": entry.get("released_at") or step}
-                        for tag, entry in read_held(folder).items()})
+                        for tag, entry in (read_held(folder, log) or {}).items()})
 
 
 def remove_partial(cfg: Config, log) -> None:

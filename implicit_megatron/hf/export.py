@@ -166,14 +166,22 @@ def read_checkpoint(ckpt_dir: str | Path, tag: str | None = None) -> tuple[dict[
     was trained (e.g. (24+4) with tolerance 0.05 after the free phase, not the config's defaults).
     """
     folder, tag = find_checkpoint(ckpt_dir, tag)
-    require_complete(folder, tag)
-    saved = read_client_state(folder / tag)
-    cfg = config_from_dict(saved["config"], str(model_states_file(folder / tag)))
+    try:
+        require_complete(folder, tag)
+        saved = read_client_state(folder / tag)
+        cfg = config_from_dict(saved["config"], str(model_states_file(folder / tag)))
+        weights = consolidated_weights(folder / tag, saved_layout(folder / tag))
+    except (OSError, ValueError):
+        if not (folder / tag).exists():  # not damage: the tag went away while it was read
+            raise FileNotFoundError(f"{folder / tag}: removed while it was being read (a training that is still "
+                                    "running prunes checkpoints beyond checkpoint.keep_last); read a newer one, or "
+                                    "copy the tag elsewhere first") from None
+        raise
     for phase in cfg.curriculum.phases:
         if phase.name == saved.get("phase"):
             cfg.implicit.max_iter, cfg.implicit.tol = phase.max_iter, phase.tol
             cfg.implicit.phantom_steps = max(phase.phantom_steps, 1)  # (an unrolled warm-up has none)
-    return consolidated_weights(folder / tag, saved_layout(folder / tag)), cfg
+    return weights, cfg
 
 
 def export(ckpt_dir: str | Path, out_dir: str | Path, tag: str | None = None, dtype: str = "fp32") -> Path:

@@ -20,34 +20,37 @@ def append_metrics(output_dir: str | Path, step: int, metrics: dict[str, float])
         handle.write(json.dumps({"step": step, **metrics}) + "\n")
 
 
-def drop_metrics_after(output_dir: str | Path, step: int) -> list[int]:
-    """Remove the records of steps after `step` from metrics.jsonl (a resume trains them again, so
-    each step keeps one record), and any line a kill cut short (readers such as pandas take the file
-    as JSON lines, whole); returns the steps removed. The file is replaced atomically."""
-    path = Path(output_dir) / METRICS_FILE
-    if not path.is_file():
-        return []
-    kept, dropped, torn = [], [], 0
-    for line in path.read_text().splitlines():
+def whole_records(path: Path) -> tuple[list[tuple[str, dict]], int]:
+    """(line, record) of every whole record of a metrics file, and how many lines are none: cut short
+    by a kill, not UTF-8, not a JSON object with an integer step (a file damaged or edited)."""
+    records, damaged = [], 0
+    for raw in path.read_bytes().splitlines() if path.is_file() else []:
         try:
+            line = raw.decode("utf-8")
             record = json.loads(line)
-            later = record.get("step", 0) > step
-        except (ValueError, AttributeError):
-            torn += 1
+        except ValueError:  # UnicodeDecodeError and JSONDecodeError alike
+            damaged += 1
             continue
-        (dropped if later else kept).append(line)
-    if dropped or torn:
+        if isinstance(record, dict) and type(record.get("step")) is int:
+            records.append((line, record))
+        else:
+            damaged += 1
+    return records, damaged
+
+
+def drop_metrics_after(output_dir: str | Path, step: int) -> tuple[list[int], int]:
+    """Remove the records of steps after `step` from metrics.jsonl (a resume trains them again, so
+    each step keeps one record), and every line that is not a whole record (whole_records); returns
+    the steps removed and the count of such lines. The file is replaced atomically."""
+    path = Path(output_dir) / METRICS_FILE
+    records, damaged = whole_records(path)
+    kept = [line for line, record in records if record["step"] <= step]
+    dropped = sorted({record["step"] for _, record in records if record["step"] > step})
+    if dropped or damaged:
         replace_text(path, "".join(line + "\n" for line in kept))
-    return sorted({json.loads(line)["step"] for line in dropped})
+    return dropped, damaged
 
 
 def read_metrics(output_dir: str | Path) -> list[dict]:
-    """Every record of `metrics.jsonl` (a line cut by a kill is left out)."""
-    path = Path(output_dir) / METRICS_FILE
-    rows = []
-    for line in path.read_text().splitlines() if path.is_file() else []:
-        try:
-            rows.append(json.loads(line))
-        except ValueError:
-            continue
-    return rows
+    """Every whole record of `metrics.jsonl` (a line cut by a kill, or damaged, is left out)."""
+    return [record for _, record in whole_records(Path(output_dir) / METRICS_FILE)[0]]

@@ -99,7 +99,7 @@ def data_signature(cfg: Config) -> dict:
 
 
 def save(engine, cfg: Config, tag: str, client_state: dict, val_loss: float | None = None,
-         before_latest: Callable[[str], None] | None = None) -> Path:
+         before_latest: Callable[[str], None] | None = None, log=print) -> Path:
     """Save on every rank; move `latest` once all ranks are done; prune beyond keep_last (never the
     checkpoint with the best validation loss; `val_loss` is these weights', where known).
     `before_latest(tag)` runs when every rank has written, before the rename (callbacks)."""
@@ -137,7 +137,7 @@ def save(engine, cfg: Config, tag: str, client_state: dict, val_loss: float | No
             shutil.rmtree(folder / tag)
         os.replace(folder / partial, folder / tag)
         write_latest(folder, tag)
-        prune(folder, cfg.checkpoint.keep_last, latest=tag)
+        prune(folder, cfg.checkpoint.keep_last, latest=tag, log=log)
     dist.barrier()
     return folder / tag
 
@@ -250,7 +250,7 @@ class Checkpointer:
             try:
                 chosen[0] = resume_tag(self.cfg, self.log)
                 adopt = read_client_state(checkpoint_dir(self.cfg) / chosen[0]).get("run_id") if chosen[0] else None
-                chosen[2] = own_run_id(checkpoint_dir(self.cfg), adopt)
+                chosen[2] = own_run_id(checkpoint_dir(self.cfg), adopt, self.log)
                 if chosen[0]:
                     refuse_foreign_tag(self.cfg, chosen[0], chosen[2])
             except (DamagedCheckpoint, UnsafeCheckpoint, RunRefused, OSError) as err:
@@ -308,10 +308,13 @@ class Checkpointer:
                              "already seen come in the same order; extending the run")
                 batches.load_state_dict(data_state)
         self.log(f"loaded {state['loaded_from']} at step {p.step} ({p.consumed_samples} samples)")
-        redone = drop_metrics_after(self.cfg.output_dir, p.step) if self.rank == 0 else []
+        redone, damaged = drop_metrics_after(self.cfg.output_dir, p.step) if self.rank == 0 else ([], 0)
         if redone:
             self.log(f"metrics.jsonl: removed the records of steps {redone[0]}-{redone[-1]}, which this launch "
                      "trains again")
+        if damaged:
+            self.log(f"warning: {Path(self.cfg.output_dir) / 'metrics.jsonl'}: dropped {damaged} line(s) that were no "
+                     "whole record (cut by a kill, not UTF-8, or without an integer step)")
         return state
 
     def save(self, engine, progress, batches, task, bounds, val_loss: float | None) -> str:
@@ -322,6 +325,6 @@ class Checkpointer:
                   "consumed_tokens": p.consumed_tokens,
                   "phase": p.phase, "phase_bounds": bounds, "data": batches.state_dict(),
                   "data_fingerprint": task.order_fingerprint(batches, p.consumed_samples)}
-        path = save(engine, self.cfg, tag, client, val_loss, self.before_latest)
+        path = save(engine, self.cfg, tag, client, val_loss, self.before_latest, self.log)
         self.log(f"saved {path}")
         return tag

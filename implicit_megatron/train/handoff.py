@@ -92,6 +92,11 @@ def resume_tag(cfg: Config, log) -> str | None:
     chosen, damaged = newest_complete(own, before=step_of(tag) if tag else None)
     if chosen is None:
         found = "; ".join(str(d) for d in [problem, *damaged][:3])
+        newer = newest_complete(own)[0] if tag else None  # `latest` names an older tag than complete ones
+        if newer is not None:
+            raise DamagedCheckpoint(problem.file, f"{problem.problem}, and no complete checkpoint older than {tag} is "
+                                                  f"in {own}, while newer ones are (the newest: {newer}); point "
+                                                  f"{own / LATEST} at the one to resume from")
         raise DamagedCheckpoint(problem.file, f"{problem.problem}, and no complete checkpoint is in {own} "
                                               f"({found}); remove them or choose another train.output_dir "
                                               "to start afresh")

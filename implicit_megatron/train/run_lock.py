@@ -62,7 +62,7 @@ def in_use(output_dir: str | Path) -> str | None:
     if holder.get("host") != socket.gethostname():
         return (f"{folder} is in use by another run ({_holder_text(holder)}). If that run has ended, remove "
                 f"{path} and start again.")
-    if process_running(int(holder.get("pid", -1)), holder.get("ticks")):
+    if process_running(holder["pid"], holder.get("ticks")):
         return f"{folder} is in use by another run ({_holder_text(holder)}); wait for it to end or choose " \
                "another train.output_dir"
     return None
@@ -89,7 +89,7 @@ class RunLock:
                 if reason is not None:
                     raise RunLocked(reason) from None
                 holder = cls._read(path)
-                what = _holder_text(holder) if holder else "unreadable"
+                what = _holder_text(holder) if holder else "unreadable: damaged, or its starter died writing it"
                 cls._take_over(path, holder)
                 log(f"{path}: the run that held it has ended ({what}); taken over")
                 continue
@@ -114,13 +114,17 @@ class RunLock:
 
     @staticmethod
     def _read(path: Path) -> dict | None:
-        """The holder, or None for a lock that stays unreadable (its starter died while writing it)."""
+        """The holder, or None for a lock that stays unreadable: its starter died while writing it, or
+        it is not a lock this module wrote (no host, no positive process id: damaged or edited)."""
         for _ in range(3):
             try:
-                holder = json.loads(path.read_text())
-                return holder if isinstance(holder, dict) else None
+                holder = json.loads(path.read_bytes().decode("utf-8"))
             except (OSError, ValueError):
                 time.sleep(0.1)  # being written right now
+                continue
+            whole = isinstance(holder, dict) and isinstance(holder.get("host"), str) and \
+                type(holder.get("pid")) is int and holder["pid"] > 0
+            return holder if whole else None
         return None
 
     def release(self) -> None:

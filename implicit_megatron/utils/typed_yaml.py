@@ -45,7 +45,9 @@ def read_yaml_chain(path: str | Path, _seen: tuple[Path, ...] = ()) -> tuple[dic
     if not path.is_file():
         raise ConfigError(str(path), "", "config file not found")
     try:
-        data = yaml.safe_load(path.read_text()) or {}
+        data = yaml.safe_load(path.read_bytes().decode("utf-8")) or {}
+    except UnicodeDecodeError as err:
+        raise ConfigError(str(path), "", f"not UTF-8 text (byte {err.start}): not a YAML config, or damaged") from None
     except yaml.YAMLError as err:
         raise ConfigError(str(path), "", f"not valid YAML: {err}") from None
     if not isinstance(data, dict):

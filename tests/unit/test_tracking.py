@@ -164,12 +164,26 @@ def test_a_resume_drops_the_steps_it_trains_again_and_a_line_a_kill_cut(tmp_path
         append_metrics(tmp_path, step, {"train/loss": 10.0 - step})
     with open(tmp_path / METRICS_FILE, "a") as handle:
         handle.write('{"step": 7, "train/lo')  # killed mid-write
-    assert drop_metrics_after(tmp_path, 4) == [5, 6]
+    assert drop_metrics_after(tmp_path, 4) == ([5, 6], 1)
     lines = (tmp_path / METRICS_FILE).read_text().splitlines()
     assert [json.loads(line)["step"] for line in lines] == [1, 2, 3, 4]  # every line whole JSON
     (tmp_path / METRICS_FILE).write_text((tmp_path / METRICS_FILE).read_text() + '{"st')
-    assert drop_metrics_after(tmp_path, 4) == []
+    assert drop_metrics_after(tmp_path, 4) == ([], 1)
     assert (tmp_path / METRICS_FILE).read_text().endswith("}\n") and len(read_metrics(tmp_path)) == 4
+
+
+def test_damaged_metrics_lines_are_dropped_and_counted_not_a_crash(tmp_path):
+    """A line that is not UTF-8, or whose step is not an integer (an edited or damaged file), is one
+    more line that is no record: readers skip it, a resume drops it and says how many it dropped."""
+    from implicit_megatron.tracking.metrics_file import METRICS_FILE, append_metrics, drop_metrics_after, read_metrics
+
+    for step in range(1, 4):
+        append_metrics(tmp_path, step, {"train/loss": 1.0})
+    with open(tmp_path / METRICS_FILE, "ab") as handle:
+        handle.write(b'{"step": 4, "train/loss": \xff\xfe}\n{"step": "5", "train/loss": 1.0}\n[1, 2]\n')
+    assert [r["step"] for r in read_metrics(tmp_path)] == [1, 2, 3]
+    assert drop_metrics_after(tmp_path, 2) == ([3], 3)
+    assert [r["step"] for r in read_metrics(tmp_path)] == [1, 2]
 
 
 @pytest.mark.parametrize("whose", ["experiment", "run"])

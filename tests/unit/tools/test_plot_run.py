@@ -130,6 +130,23 @@ def test_a_folder_without_metrics_is_refused_by_name(tmp_path):
     assert not (tmp_path / "x.png").exists()
 
 
+def test_files_that_are_not_utf8_are_named_or_skipped(tmp_path):
+    """A damaged metrics.jsonl line is skipped (the other records plot); a config.yaml that is not
+    text is named in one line, as a run's config error is."""
+    run = make_run(tmp_path / "run", "tiny", implicit=False)
+    with open(run / "metrics.jsonl", "ab") as handle:
+        handle.write(b'{"step": 99, "train/loss": \xff}\n')
+    result = subprocess.run([sys.executable, "tools/plot_run.py", str(run), "--output", str(tmp_path / "x.png")],
+                            cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0 and (tmp_path / "x.png").is_file(), result.stderr[-2000:]
+    (run / "config.yaml").write_bytes(b"name: \xff\xfe\n")
+    result = subprocess.run([sys.executable, "tools/plot_run.py", str(run), "--output", str(tmp_path / "y.png")],
+                            cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert result.stderr.strip() == f"plot_run: config error: {run / 'config.yaml'}: not UTF-8 text (byte 6): not " \
+                                    "a YAML config, or damaged"
+
+
 def test_without_matplotlib_one_line_says_how_to_install_it(tmp_path):
     hide = ("import runpy, sys; sys.modules['matplotlib'] = None; "
             f"sys.argv = ['plot_run', {str(tmp_path)!r}, '--output', 'x.png']; "

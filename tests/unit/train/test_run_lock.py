@@ -81,3 +81,21 @@ def test_release_leaves_another_runs_lock(tmp_path):
     (tmp_path / LOCK_FILE).write_text(json.dumps(theirs))
     lock.release()
     assert json.loads((tmp_path / LOCK_FILE).read_text()) == theirs
+
+
+@pytest.mark.parametrize("damage", [b'{"host": "h", "pid": "x"}', b'{"host": "h", "pid": -1}', b"\xff\xfe",
+                                    b'["not", "a", "lock"]'])
+def test_a_damaged_lock_is_taken_over_with_a_line_naming_it(damage, tmp_path):
+    """A lock whose process id is not a positive integer (pid -1 would be 'every process'), or that is
+    not JSON at all, names no holder: the launch check passes and the run takes it over, saying so."""
+    (tmp_path / LOCK_FILE).write_bytes(damage)
+    assert in_use(tmp_path) is None
+    cli = subprocess.run([sys.executable, "-m", "implicit_megatron.train.run_lock", str(tmp_path)], cwd=ROOT,
+                         capture_output=True, text=True)
+    assert cli.returncode == 0 and not cli.stderr, cli.stderr
+    said = []
+    lock = RunLock.acquire(tmp_path, log=said.append)
+    assert said == [f"{tmp_path / LOCK_FILE}: the run that held it has ended (unreadable: damaged, or its starter "
+                    "died writing it); taken over"]
+    assert json.loads((tmp_path / LOCK_FILE).read_text())["pid"] == os.getpid()
+    lock.release()
