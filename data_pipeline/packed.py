@@ -49,7 +49,7 @@ import numpy as np
 from data_pipeline.batches import DistributedBatchIterator
 from data_pipeline.indexed import find_shards
 from data_pipeline.locking import exclusive_lock
-from data_pipeline.shard_check import check_shard
+from data_pipeline.shard_check import check_build, check_shard
 from data_pipeline.splits import SPLITS
 
 BLEND_SURPLUS = 0.005  # extra samples built per shard so the blend never runs short (megatron's default)
@@ -159,6 +159,7 @@ def _shards_with_weights(prefixes: Sequence[str], weights: Sequence[float] | Non
     tokens: list[int] = []
     owner: list[int] = []
     for p, prefix in enumerate(prefixes):
+        check_build(prefix)  # an incomplete build is refused by name, as by the pre-launch check
         for shard in find_shards(prefix, split):
             shards.append(shard)
             tokens.append(check_shard(shard).tokens)  # a shard that does not add up is refused by name

@@ -44,6 +44,8 @@ def run_preprocess(config: PreprocessConfig) -> dict:
     with exclusive_lock(f"{plan.prefix}.lock"):
         finished = _finished_stats(plan)
         if finished is not None:
+            if plan.work_dir.is_dir():  # a run killed between its stats and this removal
+                shutil.rmtree(plan.work_dir)
             _say(f"{plan.stats_path} is already complete; nothing to do")
             return finished
         return _run_locked(plan)

@@ -83,3 +83,43 @@ def check_shard(prefix: str) -> ShardInfo:
     if documents and (docs[0] != 0 or docs[-1] != sequences or np.any(np.diff(docs) < 0)):
         raise ShardError(f"{idx}: document indices do not run from 0 to {sequences} (garbled)")
     return ShardInfo(prefix, max(documents - 1, 0), data_bytes // item, dtype)
+
+
+def check_build(prefix: str) -> None:
+    """Raise ShardError when the shards of `prefix` are not a finished build of data_pipeline.preprocess:
+    its `_stats.json` records an incomplete build (an input could not be read to its end), or its
+    work folder is still there without stats (a run killed after publishing the shards, before its
+    stats). Shards made by other tools (no stats, no work folder) pass: they are checked by shard."""
+    import json
+
+    stats_path, work = f"{prefix}_stats.json", f"{prefix}.work"
+    if os.path.isfile(stats_path):
+        try:
+            with open(stats_path, "rb") as handle:
+                stats = json.loads(handle.read().decode("utf-8"))
+        except (OSError, ValueError) as err:
+            raise ShardError(f"{stats_path}: not readable ({type(err).__name__}); it should record how the "
+                             f"shards of {prefix} were built: run their preprocessing again") from None
+        if isinstance(stats, dict) and stats.get("incomplete"):
+            raise ShardError(f"{stats_path}: the build of these shards is incomplete (an input could not be read "
+                             f"to its end; {stats.get('skipped', {}).get('unreadable_file', '?')} unreadable): "
+                             f"repair or replace it, then complete them with: {preprocess_command(prefix, stats)}")
+    elif os.path.isdir(work):
+        raise ShardError(f"{prefix}: shards of a preprocessing run that ended before writing {stats_path} (its "
+                         f"work folder {work} is still there): run the same preprocessing command again to "
+                         "complete them (it resumes)")
+
+
+def preprocess_command(prefix: str, stats: dict) -> str:
+    """The data_pipeline.preprocess command that built (and resumes) the shards `stats` describes."""
+    command = ["python -m data_pipeline.preprocess --input", *stats.get("inputs", ["INPUT"]), "--tokenizer",
+               str(stats.get("tokenizer", "TOKENIZER")), "--output-prefix", prefix]
+    if stats.get("append_eod"):
+        command.append("--append-eod")
+    for flag, key, default in (("--valid-fraction", "valid_fraction", 0.0),
+                               ("--test-fraction", "test_fraction", 0.001),
+                               ("--max-shard-tokens", "max_shard_tokens", None), ("--text-key", "text_key", "text"),
+                               ("--eod-token", "eod_token", None), ("--limit-docs", "limit_docs", None)):
+        if stats.get(key, default) != default:
+            command += [flag, str(stats[key])]
+    return " ".join(command)

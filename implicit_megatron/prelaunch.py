@@ -125,7 +125,7 @@ def validate_data(cfg: Config, fail) -> None:
     one sample; a missing prefix is an error unless data.source builds it."""
     from data_pipeline.build import builds_from_source
     from data_pipeline.indexed import find_shards
-    from data_pipeline.shard_check import ShardError, check_shard
+    from data_pipeline.shard_check import ShardError, check_build, check_shard
     from implicit_megatron.utils.output_paths import first_unwritable
 
     for i, prefix in enumerate(cfg.data.prefixes):
@@ -148,11 +148,12 @@ def validate_data(cfg: Config, fail) -> None:
                           f"data_pipeline.preprocess --input CORPUS --tokenizer {cfg.data.tokenizer} --output-prefix "
                           f"{prefix} --append-eod")
             tokens = 0
-            for shard in shards:
-                try:
+            try:
+                check_build(prefix)
+                for shard in shards:
                     tokens += check_shard(shard).tokens
-                except ShardError as err:
-                    fail(key, str(err))
+            except ShardError as err:
+                fail(key, str(err))
             if split == "train" and tokens < cfg.data.seq_len + 1:
                 fail(key, f"the train split of {prefix!r} holds {tokens} tokens, fewer than one sample "
                           f"(data.seq_len + 1 = {cfg.data.seq_len + 1})")

@@ -16,10 +16,12 @@ import torch
 def check_prefix(prefix: str, split: str = "test") -> None:
     """FileNotFoundError naming the files a data prefix should have."""
     from data_pipeline.indexed import find_shards
+    from data_pipeline.shard_check import check_build
 
     if not os.path.isdir(os.path.dirname(os.path.abspath(prefix))):
         raise FileNotFoundError(f"data prefix {prefix!r}: folder {os.path.dirname(prefix) or '.'} does not exist")
     find_shards(prefix, split)  # raises with the expected {prefix}_{split}.bin/.idx names
+    check_build(prefix)  # ShardError (a ValueError) naming an incomplete build
 
 
 def load_windows(prefix: str, seq_len: int, seed: int, split: str = "test",

@@ -76,3 +76,16 @@ def test_killed_run_resumes_to_identical_shards(tmp_path, corpus, neox_path, wri
     assert len(expected) > 6  # several shards per split
     assert resumed == expected
     assert not work.exists()
+
+
+def test_a_work_folder_a_kill_left_after_the_stats_is_removed_by_the_next_run(tmp_path, corpus, neox_path,
+                                                                                write_jsonl):
+    """Killed between writing its stats and removing its work folder: the shards are complete, and
+    the next run with the same arguments says so and removes the folder (it was left forever)."""
+    source = write_jsonl(tmp_path / "docs.jsonl", corpus[:20])
+    config = PreprocessConfig(inputs=[str(source)], tokenizer=neox_path, output_prefix=str(tmp_path / "neox"),
+                              append_eod=True, workers=0, progress=False)
+    first = run_preprocess(config)
+    (tmp_path / "neox.work" / "00000-leftover").mkdir(parents=True)
+    assert run_preprocess(config) == first
+    assert not (tmp_path / "neox.work").exists()

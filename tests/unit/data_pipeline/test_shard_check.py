@@ -105,3 +105,25 @@ def test_a_cache_folder_this_user_cannot_write_is_refused_before_launch(tmp_path
     err = refused_before_launch(str(cache / "shakespeare" / "neox"), "data.source=data/corpus/shakespeare.jsonl.zst")
     assert f"{cache} is not writable by this user (uid {os.getuid()})" in err.message
     assert "USER_UID" in err.message
+
+
+def test_an_unfinished_build_is_refused_by_name_with_the_command_that_finishes_it(shards):
+    """Shards whose stats record an incomplete build (an input cut short), or published by a run
+    killed before its stats (its work folder left), are refused before launch and when opened;
+    shards of another tool (no stats, no work folder) are not."""
+    import json
+
+    stats_path = Path(shards + "_stats.json")
+    stats = json.loads(stats_path.read_text())
+    stats_path.write_text(json.dumps({**stats, "incomplete": True, "skipped": {"unreadable_file": 1}}))
+    err = refused_before_launch(shards)
+    assert f"{stats_path}: the build of these shards is incomplete" in str(err)
+    assert f"python -m data_pipeline.preprocess --input {stats['inputs'][0]} --tokenizer" in str(err)
+    assert f"--output-prefix {shards} --append-eod --valid-fraction 0.05 --test-fraction 0.05" in str(err)
+    with pytest.raises(ShardError, match="incomplete"):
+        build_packed_dataset([shards], None, "train", 64, seed=1)
+    stats_path.unlink()
+    Path(shards + ".work").mkdir()
+    assert "ended before writing" in str(refused_before_launch(shards))
+    Path(shards + ".work").rmdir()
+    load_config(TINY, [f"data.prefixes=[{shards}]", "data.source=null"], check_data=True)  # another tool's
