@@ -28,6 +28,26 @@ export.write_folder(export.Path(sys.argv[1]), build_model(cfg), cfg, torch.float
 """
 
 
+KILLED_WHILE_REPLACING = """
+import os, sys, torch
+from implicit_megatron import build_model, load_config
+from implicit_megatron.hf import export
+
+real, renames = os.replace, []
+
+def dying(src, dst):  # die as kill -9 would, just before the n-th rename of the export's folders
+    if ".export." in f"{src}{dst}":
+        renames.append(dst)
+        if len(renames) == int(sys.argv[2]):
+            os._exit(137)
+    real(src, dst)
+
+os.replace = dying
+cfg = load_config("configs/tiny/mamba2-explicit.yaml", check_files=False)
+export.write_folder(export.Path(sys.argv[1]), build_model(cfg), cfg, torch.float32)
+"""
+
+
 def tiny():
     cfg = load_config(ROOT / "configs/tiny/mamba2-explicit.yaml",
                       [f"data.tokenizer={ROOT / 'data/tokenizers/gpt-neox-20b.json.xz'}"])
@@ -67,3 +87,27 @@ def test_exporting_again_replaces_the_export_and_keeps_the_rest(tmp_path):
     (tmp_path / "a-file").write_text("x")
     with pytest.raises(ValueError, match=r"a-file: exists and is not a folder"):
         write_folder(Path(tmp_path / "a-file"), model, cfg, torch.float32)
+
+
+@pytest.mark.parametrize("renames_done", [0, 1])
+def test_a_re_export_killed_while_replacing_keeps_a_whole_export_and_its_evaluation(renames_done, tmp_path):
+    """Killed before the swap's first rename (the old export in place) or between its two (the old one
+    under a hidden name, its name empty): the next export restores and replaces it, evaluation kept."""
+    out = tmp_path / "export"
+    model, cfg = tiny()
+    write_folder(out, model, cfg, torch.float32)
+    (out / "evaluation").mkdir()
+    (out / "evaluation" / "results.json").write_text("{}")
+    killed = subprocess.run([sys.executable, "-c", KILLED_WHILE_REPLACING, str(out), str(renames_done + 1)],
+                            cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert killed.returncode == 137, killed.stderr[-2000:]
+    if renames_done == 0:
+        assert (out / "evaluation" / "results.json").is_file() and from_pretrained(out) is not None
+    else:
+        assert not out.exists() and len(list(tmp_path.glob(".export.replaced-*"))) == 1
+    with torch.no_grad():
+        model.embedding.weight.mul_(2)
+    write_folder(out, model, cfg, torch.float32)
+    assert (out / "evaluation" / "results.json").read_text() == "{}"
+    assert torch.equal(from_pretrained(out).embedding.weight, model.embedding.weight)
+    assert not list(tmp_path.glob(".export.*"))
