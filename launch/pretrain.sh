@@ -106,8 +106,9 @@ fi
 # once. When the launcher itself was signalled too and exits non-zero, the ranks' preempted.json
 # says the stop was graceful. The ranks end when this script or their launcher is gone.
 # shellcheck disable=SC2329  # called from the traps below
-ask_stop() {
-  echo "$1" > "$outdir/stop-requested.tmp" && mv -f "$outdir/stop-requested.tmp" "$outdir/stop-requested"
+ask_stop() {  # on a full disk the reason cannot be written: the file armed at launch is renamed instead
+  { echo "$1" > "$outdir/stop-requested.tmp"; } 2>/dev/null || mv -f "$outdir/stop-requested.armed" "$outdir/stop-requested.tmp"
+  mv -f "$outdir/stop-requested.tmp" "$outdir/stop-requested"
 }
 # shellcheck disable=SC2329  # the INT trap
 interrupted() {
@@ -124,6 +125,7 @@ interrupted() {
 launch() {
   mkdir -p "$outdir"
   rm -f "$outdir/preempted.json" "$outdir/stop-requested"
+  echo "SIGTERM" > "$outdir/stop-requested.armed"  # written while there is room: a stop needs no new space
   trap 'ask_stop SIGTERM' TERM  # from here a stop waits for the ranks' first step
   if [ "$stop_asked" = 1 ]; then
     echo '{"step": null, "checkpoint": null, "reason": "SIGTERM before the launch"}' > "$outdir/preempted.json"

@@ -10,6 +10,7 @@ the rename and `latest` once all are done, and pruning.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import shutil
@@ -91,6 +92,33 @@ def _why_save_failed(err: Exception, partial: Path) -> str:
     return f"{cause} (writing {where})"
 
 
+@contextlib.contextmanager
+def writes_recorded(engine, failures: list[Exception]):
+    """DeepSpeed's file writes of a save record their failure in `failures` instead of raising (and
+    write nothing more). Raised out of engine.save_checkpoint, a failed write skips DeepSpeed's own
+    barriers on this rank while the others wait at them, and the job hangs (a full disk under ZeRO-0,
+    where rank 0 alone writes); recorded, every rank goes through them and the ranks then agree on
+    the failure."""
+    def recorded(write):
+        def attempt(*args, **kwargs):
+            if failures:
+                return None
+            try:
+                return write(*args, **kwargs)
+            except (OSError, RuntimeError) as err:
+                failures.append(err)
+                return None
+        return attempt
+
+    checkpoint_engine = engine.checkpoint_engine
+    checkpoint_engine.save = recorded(checkpoint_engine.save)
+    engine._copy_recovery_script = recorded(engine._copy_recovery_script)
+    try:
+        yield
+    finally:
+        del checkpoint_engine.save, engine._copy_recovery_script  # the class's own again
+
+
 def data_signature(cfg: Config) -> dict:
     """What fixes the order of samples: a resume that changes it would repeat or skip data."""
     d = cfg.data
@@ -113,9 +141,12 @@ def save(engine, cfg: Config, tag: str, client_state: dict, val_loss: float | No
     if rank == 0:
         shutil.rmtree(folder / partial, ignore_errors=True)
     dist.barrier()
-    failure = None
+    failure, failed_writes = None, []
     try:
-        engine.save_checkpoint(str(folder), tag=partial, client_state=client_state, save_latest=False)
+        with writes_recorded(engine, failed_writes):
+            engine.save_checkpoint(str(folder), tag=partial, client_state=client_state, save_latest=False)
+        if failed_writes:
+            raise failed_writes[0]
         torch.save(_rng_state(), folder / partial / f"rng_rank{rank}.pt")
     except (OSError, RuntimeError) as err:  # torch reports a full disk as a RuntimeError without errno
         failure = _why_save_failed(err, folder / partial)

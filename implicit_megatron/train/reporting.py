@@ -7,13 +7,15 @@ from __future__ import annotations
 import resource
 import sys
 import time
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
 from implicit_megatron.checkpoints.layout import checkpoint_dir
 from implicit_megatron.config import Config
-from implicit_megatron.tracking.metrics_file import append_metrics
+from implicit_megatron.errors import RunStopped
+from implicit_megatron.tracking.metrics_file import METRICS_FILE, append_metrics
 from implicit_megatron.tracking.tracker import Tracker
 from implicit_megatron.train.guards import ConvergenceWatch, DivergenceWatch
 from implicit_megatron.train.log_line import timers_line, training_line, validation_lines, validation_text
@@ -74,7 +76,11 @@ class Reporter:
     def _record(self, metrics: dict[str, float], step: int) -> None:
         self.tracker.log(metrics, step)
         if self.rank == 0:  # a plain record next to the checkpoints, for scripts and tests
-            append_metrics(self.cfg.output_dir, step, metrics)
+            try:
+                append_metrics(self.cfg.output_dir, step, metrics)
+            except OSError as err:  # a full disk: the run cannot keep its record, and says so in one line
+                raise RunStopped(f"{Path(self.cfg.output_dir) / METRICS_FILE}: could not be written at step {step} "
+                                 f"({err.strerror or err}); the checkpoint `latest` names is intact") from None
 
     def val_loss_at(self, step: int) -> float | None:
         """The validation loss of the weights at `step`, where a validation ran there."""

@@ -6,36 +6,57 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 
 import pytest
-from support.processes import ROOT, can_mount_tmpfs, child_env
+from support.processes import ROOT, can_mount_tmpfs, child_env, free_port, kill_tree
 
 TINY = "configs/tiny/mamba2-implicit.yaml"
 TAG_MB = 45  # one checkpoint of the tiny model (its GPT-NeoX-sized embedding dominates)
 
 
+def run_in_session(command: list[str], timeout: float) -> subprocess.CompletedProcess:
+    """Run in a process group of its own, every process of it killed when the time is up."""
+    proc = subprocess.Popen(command, cwd=ROOT, env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        kill_tree(proc.pid)
+        out, err = proc.communicate()
+        pytest.fail(f"still running after {timeout} s:\n{out[-2000:]}\n{err[-2000:]}")
+    return subprocess.CompletedProcess(command, proc.returncode, out, err)
+
+
 @pytest.mark.distributed
-def test_a_save_into_a_full_filesystem_fails_by_name_and_keeps_latest(shakespeare_shards, tmp_path):
+@pytest.mark.parametrize("nproc", [1, 2])
+def test_a_save_into_a_full_filesystem_fails_by_name_and_keeps_latest(nproc, shakespeare_shards, tmp_path):
+    """Two processes under ZeRO-0: rank 0 alone writes the model states and fails, while rank 1 has
+    nothing to write; both stop with the one line (they once waited for each other for ever)."""
     out = tmp_path / "out"
     out.mkdir()
     if not can_mount_tmpfs(out):
         pytest.skip("this kernel does not let an unprivileged user mount a tmpfs (no user namespaces)")
-    train = [sys.executable, "-m", "implicit_megatron.train", TINY, f"data.prefixes=[{shakespeare_shards}]",
-             "data.source=null", f"train.output_dir={out}", "train.steps=12", "checkpoint.interval=6",
-             "train.eval_interval=100", "tracking.enabled=false", "distributed.zero_stage=0"]
+    launch = [sys.executable, "-m", "implicit_megatron.train"] if nproc == 1 else [  # as launch/pretrain.sh
+        sys.executable, "-m", "implicit_megatron.train.torchrun", "--nnodes", "1", "--nproc_per_node", str(nproc),
+        "--master_addr", "127.0.0.1", "--master_port", str(free_port()), "-m", "implicit_megatron.train"]
+    train = [*launch, TINY, f"data.prefixes=[{shakespeare_shards}]", "data.source=null", f"train.output_dir={out}",
+             "train.steps=12", "checkpoint.interval=6", "train.eval_interval=100", "tracking.enabled=false",
+             "distributed.zero_stage=0", "distributed.timeout_minutes=1"]  # a hang would end in a minute, unnamed
     inspect = (f"{sys.executable} -c \"from pathlib import Path; from implicit_megatron.checkpoints.integrity import "
                f"check_tag; f = Path('{out}/checkpoints'); tag = (f / 'latest').read_text().strip(); "
                f"check_tag(f / tag); print('LATEST', tag, sorted(p.name for p in f.iterdir()))\"")
     # room for one checkpoint, not for two: the save at the phase's end (step 10) runs out of space
     script = f"mount -t tmpfs -o size={int(TAG_MB * 1.6)}m tmpfs {out} && {{ {' '.join(train)}; echo RC=$?; }}; " \
              f"{inspect}"
-    result = subprocess.run(["unshare", "--user", "--map-root-user", "--mount", "bash", "-c", script], cwd=ROOT,
-                            env=child_env(), capture_output=True, text=True, timeout=300)
+    started = time.monotonic()
+    result = run_in_session(["unshare", "--user", "--map-root-user", "--mount", "bash", "-c", script], timeout=300)
     assert "RC=0" not in result.stdout, result.stdout[-3000:]
+    assert time.monotonic() - started < 240
     folder = out / "checkpoints"
     lines = [line for line in result.stderr.splitlines() if "could not be saved" in line]
     assert lines and lines[0].startswith("error on rank 0: CheckpointSaveError: "), result.stderr[-3000:]
-    assert "Traceback" not in result.stderr, result.stderr[-3000:]  # the one line says it all
+    assert "Traceback" not in result.stderr and "has not finished" not in result.stderr, result.stderr[-3000:]
     assert f"checkpoint bounded-step10 could not be saved into {folder}" in lines[0]
     assert "no space left on device" in lines[0].lower()
     assert f"'latest' still names {folder / 'bounded-step6'}" in lines[0]
@@ -64,3 +85,33 @@ def test_preprocessing_into_a_full_filesystem_fails_by_name_and_publishes_nothin
     listed = result.stdout.split("RC=1", 1)[1].split()
     assert not [name for name in listed if name.endswith((".bin", ".idx", ".tmp", "_stats.json"))], listed
     assert "neox.work" in listed and any(name.startswith("00000-") for name in listed)  # the finished input
+
+
+@pytest.mark.distributed
+def test_a_stop_asked_on_a_full_disk_reaches_the_ranks(shakespeare_shards, tmp_path):
+    """SIGTERM to launch/pretrain.sh once the disk is full: its stop file cannot be written, so the one
+    written at launch is renamed into place (renaming needs no space); the ranks stop at their next
+    step (their save fails by name on the full disk) instead of training on."""
+    out, log = tmp_path / "out", tmp_path / "launch.log"
+    out.mkdir()
+    if not can_mount_tmpfs(out):
+        pytest.skip("this kernel does not let an unprivileged user mount a tmpfs (no user namespaces)")
+    launch = f"PYTHON={sys.executable} NPROC=1 bash launch/pretrain.sh {TINY} data.prefixes=[{shakespeare_shards}] " \
+             f"data.source=null train.output_dir={out}/run train.steps=100000 train.log_interval=100000 " \
+             "checkpoint.interval=100000 train.eval_interval=100000 tracking.enabled=false"
+    script = (f"mount -t tmpfs -o size=60m tmpfs {out} || exit 3; {launch} > {log} 2>&1 & pid=$!; "
+              f"for i in $(seq 1 240); do grep -q 'phase bounded' {log} 2>/dev/null && break; sleep 0.5; done; "
+              f"sleep 3; dd if=/dev/zero of={out}/fill bs=1M 2>/dev/null; kill -TERM $pid; start=$(date +%s); "
+              "wait $pid; echo \"RC=$? AFTER=$(( $(date +%s) - start ))\"; " f"ls -A {out}/run")
+    result = run_in_session(["unshare", "--user", "--map-root-user", "--mount", "bash", "-c", script], timeout=300)
+    said = log.read_text()
+    assert "RC=" in result.stdout, result.stdout[-2000:] + said[-3000:]
+    after = int(result.stdout.split("AFTER=")[1].split()[0])
+    assert after < 120, said[-3000:]
+    assert "stop-requested" in result.stdout.split()  # the armed file, renamed into place
+    # the stop was agreed at the next step: its record (the only one: log_interval is 100000) or its
+    # checkpoint cannot be written on the full disk, said in one line
+    stopped = [line for line in said.splitlines() if line.startswith("error on rank 0: ")]
+    assert stopped and "no space left on device" in stopped[0].lower(), said[-3000:]
+    assert "metrics.jsonl: could not be written at step" in stopped[0] or "could not be saved" in stopped[0]
+    assert "Traceback" not in said
