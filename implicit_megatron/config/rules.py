@@ -155,6 +155,7 @@ def validate(cfg: Config, fail, world_size: int | None = None) -> None:
     if t.exit_after_minutes is not None:
         positive("train.exit_after_minutes", t.exit_after_minutes)
     positive("checkpoint.interval", cfg.checkpoint.interval)
+    positive("distributed.timeout_minutes", cfg.distributed.timeout_minutes)
     non_negative("checkpoint.keep_last", cfg.checkpoint.keep_last)
     if cfg.schedule.min_lr > cfg.optimizer.lr:
         fail("schedule.min_lr", f"{cfg.schedule.min_lr} exceeds the peak optimizer.lr {cfg.optimizer.lr}")

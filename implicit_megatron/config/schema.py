@@ -229,6 +229,9 @@ class DistributedConfig:
     precision: Literal["bf16", "fp16", "fp32"] = "bf16"
     activation_checkpointing: bool = False  # recompute each block in backward (no CUDA graphs then)
     backend: Literal["auto", "nccl", "gloo"] = "auto"  # torch.distributed backend; auto: nccl with GPUs, gloo without
+    # the longest any rank waits for the others in a collective (Megatron's --distributed-timeout-minutes): a rank
+    # stopped, hung or lost ends the job after it, naming the rank and step; raise it for long rank-0 work at start-up
+    timeout_minutes: float = 10.0
 
 
 @dataclass

@@ -7,6 +7,7 @@ every checkpoint through the resolved config), never written by hand.
 from __future__ import annotations
 
 import os
+from datetime import timedelta
 
 import torch
 from torch import nn
@@ -24,7 +25,8 @@ def init_distributed(cfg: Config) -> None:
     if not torch.cuda.is_available():
         # DeepSpeed otherwise compiles a shared-memory op (~90 s) at the first init on CPU.
         deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
-    deepspeed.init_distributed(dist_backend=process_group_backend(cfg), verbose=False)
+    deepspeed.init_distributed(dist_backend=process_group_backend(cfg), verbose=False,
+                               timeout=timedelta(minutes=cfg.distributed.timeout_minutes))
     if torch.cuda.is_available():
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
 

@@ -36,6 +36,7 @@ from implicit_megatron.train.guards import LossJumpGuard, nonfinite_stop
 from implicit_megatron.train.log_line import validation_text
 from implicit_megatron.train.reporting import Reporter
 from implicit_megatron.train.schedule import learning_rate
+from implicit_megatron.train.stall_watch import StallWatch
 from implicit_megatron.train.step_metrics import IntervalMetrics, step_flags
 from implicit_megatron.train.tasks import build_task
 from implicit_megatron.train.timers import StepTimers
@@ -81,6 +82,7 @@ class Trainer:
         self.loss_jump = LossJumpGuard(cfg.checkpoint.max_loss_jump, self.log)
         self.preemption = stopping.Preemption(cfg.output_dir, self.rank, cfg.train.exit_after_minutes)
         self.interval = IntervalMetrics()
+        self.stall = StallWatch(cfg.distributed.timeout_minutes, self.rank)
         self.timers = StepTimers(cfg.train.timers, self.engine.device)
         self.engine.module.core.timer = self.timers.section if cfg.train.timers else None
         self.peak_flops = peak_flops_per_device(cfg)
@@ -126,6 +128,7 @@ class Trainer:
         try:
             self.interval.reset()
             for step in range(start, end):
+                self.stall.doing(f"step {step + 1}")
                 self.phases.apply(step, self.engine.module.core, p)
                 self.train_step(step)
                 if p.step % t.log_interval == 0 or p.step == end or self.preemption.agreed:
@@ -144,15 +147,18 @@ class Trainer:
                     self.save()  # the last step: the weights are those of the last finite update
                     break
                 if p.step % t.eval_interval == 0 or p.step == end:
+                    self.stall.doing(f"the validation after step {p.step}")
                     self.reporter.validation(self.evaluate(), p.step)
                 due = p.step % self.cfg.checkpoint.interval == 0 or p.step == end or self.phases.ends_after(p.step)
                 if due and self.loss_jump.allows_save(p.step, self.engine.device):
+                    self.stall.doing(f"the checkpoint of step {p.step}")
                     self.save()
             self.reporter.summary(p.step, p.skipped_steps)
         except BaseException:
             status = "FAILED"
             raise
         finally:
+            self.stall.done()
             self.reporter.tracker.finish(status)
 
     def train_step(self, step: int) -> None:
