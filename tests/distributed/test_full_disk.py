@@ -9,23 +9,10 @@ import sys
 import time
 
 import pytest
-from support.processes import ROOT, can_mount_tmpfs, child_env, free_port, kill_tree
+from support.processes import ROOT, can_mount_tmpfs, child_env, free_port, run_in_session
 
 TINY = "configs/tiny/mamba2-implicit.yaml"
 TAG_MB = 45  # one checkpoint of the tiny model (its GPT-NeoX-sized embedding dominates)
-
-
-def run_in_session(command: list[str], timeout: float) -> subprocess.CompletedProcess:
-    """Run in a process group of its own, every process of it killed when the time is up."""
-    proc = subprocess.Popen(command, cwd=ROOT, env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, start_new_session=True)
-    try:
-        out, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        kill_tree(proc.pid)
-        out, err = proc.communicate()
-        pytest.fail(f"still running after {timeout} s:\n{out[-2000:]}\n{err[-2000:]}")
-    return subprocess.CompletedProcess(command, proc.returncode, out, err)
 
 
 @pytest.mark.distributed

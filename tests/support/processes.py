@@ -66,18 +66,25 @@ def child_env(**extra: str) -> dict[str, str]:
             **extra}
 
 
-def run_torchrun(*args: str, nproc: int = 2, timeout: int = 300, **env: str) -> subprocess.CompletedProcess:
-    """Run on `nproc` CPU processes (gloo); the whole process group is killed on timeout."""
-    cmd = torchrun_command(*args, nproc=nproc)
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=child_env(**env), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, start_new_session=True)
+def run_in_session(command: list[str], timeout: float, merge_output: bool = False,
+                   **env: str) -> subprocess.CompletedProcess:
+    """Run in a process group of its own (stderr into stdout with `merge_output`); every process of
+    it is killed, and the test fails, when the time is up."""
+    proc = subprocess.Popen(command, cwd=ROOT, env=child_env(**env), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT if merge_output else subprocess.PIPE, text=True,
+                            start_new_session=True)
     try:
-        out, _ = proc.communicate(timeout=timeout)
+        out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
         kill_tree(proc.pid)
-        out, _ = proc.communicate()
-        pytest.fail(f"{' '.join(cmd)} timed out after {timeout} s:\n{out[-4000:]}")
-    return subprocess.CompletedProcess(cmd, proc.returncode, out, "")
+        out, err = proc.communicate()
+        pytest.fail(f"{' '.join(command)} still running after {timeout} s:\n{out[-4000:]}\n{(err or '')[-2000:]}")
+    return subprocess.CompletedProcess(command, proc.returncode, out, err or "")
+
+
+def run_torchrun(*args: str, nproc: int = 2, timeout: int = 300, **env: str) -> subprocess.CompletedProcess:
+    """Run on `nproc` CPU processes (gloo); the whole process group is killed on timeout."""
+    return run_in_session(torchrun_command(*args, nproc=nproc), timeout, merge_output=True, **env)
 
 
 def can_mount_tmpfs(folder) -> bool:
