@@ -27,7 +27,14 @@ from itertools import chain, islice
 from pathlib import Path
 
 from data_pipeline.encoder import decode_record
-from data_pipeline.sources import InputError, InputSpec, Unreadable, read_batches, resolve_inputs
+from data_pipeline.sources import (
+    InputError,
+    InputSpec,
+    Unreadable,
+    first_record_fields,
+    read_batches,
+    resolve_inputs,
+)
 
 EOD = "<|endoftext|>"
 PAD = "<|padding|>"
@@ -65,6 +72,18 @@ def _records(spec: InputSpec, text_key: str) -> Iterator[str]:
             text, _ = decode_record(item, batch.kind == "chunk", text_key)
             if text is not None:
                 yield text
+
+
+def no_text(patterns: list[str], text_key: str) -> str:
+    """Why the inputs gave no document: no record has the text field (naming the fields the first
+    record has, as preprocessing does), or they hold no record at all."""
+    _, specs = resolve_training_inputs(patterns)
+    for spec in specs:
+        fields = first_record_fields(spec)
+        if fields and text_key not in fields:
+            return (f"--text-key: no record has a {text_key!r} field with text; the first record of {spec.location} "
+                    f"has {', '.join(map(repr, fields))}: name the text field with --text-key")
+    return f"--input: no document with text in {', '.join(patterns)} (empty?)"
 
 
 def train_byte_bpe(texts: Iterator[str], vocab_size: int, output: str) -> str:
@@ -117,6 +136,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"train_tokenizer: error: {err}", file=sys.stderr)
         return 2
     texts = iter_texts(args.input, args.text_key, args.limit_docs)
+    first = next(texts, None)
+    if first is None:  # a tokenizer trained on nothing would be bytes alone, or sentencepiece's traceback
+        print(f"train_tokenizer: error: {no_text(args.input, args.text_key)}; nothing was written", file=sys.stderr)
+        return 2
+    texts = chain([first], texts)
     if args.model == "byte-bpe":
         path = train_byte_bpe(texts, args.vocab_size, args.output)
     else:

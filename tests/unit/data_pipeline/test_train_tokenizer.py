@@ -47,3 +47,22 @@ def test_sentencepiece_trains_and_preprocesses(tmp_path, write_jsonl, corpus, re
                                             limit_docs=5))
     assert stats["dtype"] == "uint16" and stats["eod_id"] == 1
     assert read_split(str(prefix), "train") == [tokenizer.encode(d["text"]) + [1] for d in corpus[:5]]
+
+
+@pytest.mark.parametrize("model", ["byte-bpe", "sp-unigram"])
+def test_inputs_that_give_no_text_are_refused_naming_the_fields(model, tmp_path, run_cli, write_jsonl):
+    """A corpus whose text is under another key, or an empty one: exit 2 naming --text-key and the
+    fields the first record has, nothing written (byte-bpe wrote a 258-token tokenizer, sentencepiece
+    ended in its own traceback)."""
+    wrong_key = write_jsonl(tmp_path / "content.jsonl", [{"content": "some text", "id": i} for i in range(5)])
+    empty = write_jsonl(tmp_path / "empty.jsonl", [])
+    output = tmp_path / "out" / ("tokenizer.json" if model == "byte-bpe" else "tok.model")
+    result = run_cli("data_pipeline.train_tokenizer", "--input", str(wrong_key), "--model", model, "--vocab-size",
+                     "500", "--output", str(output))
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-2000:]
+    assert f"--text-key: no record has a 'text' field with text; the first record of {wrong_key} has 'content', " \
+           "'id'" in result.stderr
+    result = run_cli("data_pipeline.train_tokenizer", "--input", str(empty), "--model", model, "--vocab-size",
+                     "500", "--output", str(output))
+    assert result.returncode == 2 and "no document with text" in result.stderr, result.stderr[-2000:]
+    assert not list((tmp_path / "out").iterdir())
