@@ -25,7 +25,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-from dockerfile_parse import DockerfileParser
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
@@ -85,6 +84,8 @@ def expand(text: str, variables: dict[str, str]) -> str:
 
 def check(path: Path, shown: str, reqs: dict[str, list[Requirement]], gpu: list[str]) -> list[str]:
     problems: list[str] = []
+    from dockerfile_parse import DockerfileParser  # the dev extra's: --help works without it
+
     parser = DockerfileParser(fileobj=io.BytesIO(path.read_bytes()), env_replace=True)
     steps, seen = [], {}  # (instruction with its value expanded, the ENV values in effect)
     for instr, context in zip(parser.structure, parser.context_structure, strict=True):

@@ -34,6 +34,10 @@
 #   podman rmi localhost/implicit-megatron:rocm-standin localhost/implicit-megatron:cuda-standin \
 #       localhost/implicit-megatron-standin:torch-cpu localhost/debian-minbase:bookworm && podman image prune -f
 set -uo pipefail
+if [ "${1:-}" = "-h" ] || [ "${1:-}" = "--help" ]; then  # the header above, without its comment marks
+  sed -n '2,/^set -uo pipefail/p' "$0" | sed -e '$d' -e 's/^# \{0,1\}//'
+  exit 0
+fi
 
 DEBIAN_IMAGE=localhost/debian-minbase:bookworm
 BASE_IMAGE=localhost/implicit-megatron-standin:torch-cpu

@@ -16,7 +16,7 @@ import sys
 import yaml
 
 from implicit_megatron.prelaunch import load_config, notes
-from implicit_megatron.utils.typed_yaml import ConfigError
+from implicit_megatron.utils.typed_yaml import ConfigError, dashed_override
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -27,6 +27,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--world-size", type=int, default=None, help="data-parallel size to check batches for")
     parser.add_argument("--no-file-checks", action="store_true", help="do not open the tokenizer")
     parser.add_argument("--get", metavar="KEY", help="print one resolved value (e.g. train.output_dir) instead")
+    dashed = dashed_override(sys.argv[1:] if argv is None else argv)
+    if dashed:
+        print(f"python -m implicit_megatron.config: error: {dashed}", file=sys.stderr)
+        return 2
     args = parser.parse_args(argv)
     if args.config is None:
         parser.error("a config file is required, e.g. configs/quickstart.yaml (overrides are optional)")

@@ -59,7 +59,9 @@ class EvalOptions:
 
 
 def check_options(options: EvalOptions) -> None:
-    """Refuse bad task names and missing data (shards, lm-eval data sets) before a model is loaded."""
+    """Refuse a path that is no model, bad task names and missing data (shards, lm-eval data sets)
+    before a model is loaded; the model first, as the first argument."""
+    classify(options.model)
     unknown = [t for t in options.tasks if t not in TASKS]
     if unknown or not options.tasks:
         raise ValueError(f"unknown task(s) {', '.join(unknown) or '(none given)'}; choose from {', '.join(TASKS)}")

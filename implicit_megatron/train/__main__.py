@@ -17,7 +17,7 @@ from pathlib import Path
 
 from implicit_megatron.prelaunch import load_config
 from implicit_megatron.train import quiet, stopping
-from implicit_megatron.utils.typed_yaml import ConfigError
+from implicit_megatron.utils.typed_yaml import ConfigError, dashed_override
 
 ENCODED = "--args-base64"  # launch/pretrain.sh's form on several nodes: CONFIG and overrides, NUL-ended, in base64
 
@@ -44,6 +44,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("overrides", metavar="key=value", nargs="*",
                         help="optional dotted overrides, e.g. train.steps=100 implicit.cuda_graphs=off")
     parser.add_argument("--local_rank", "--local-rank", type=int, help=argparse.SUPPRESS)  # LOCAL_RANK is used
+    dashed = dashed_override(sys.argv[1:] if argv is None else argv)
+    if dashed:
+        print(f"python -m implicit_megatron.train: error: {dashed}", file=sys.stderr)
+        return 2
     args = parser.parse_args(argv)
     if args.config is None:
         parser.error("a config file is required, e.g. configs/quickstart.yaml (overrides are optional)")

@@ -101,6 +101,16 @@ def _replaced_by(dotted: str, top: dict) -> bool:
     return True
 
 
+def dashed_override(args: list[str]) -> str | None:
+    """The first argument written as an option but meant as an override (`--train.steps=20`): the
+    command lines take overrides as key=value, and argparse would answer such a word with its usage."""
+    for arg in args:
+        key = arg.split("=", 1)[0]
+        if arg.startswith("-") and "=" in arg and "." in key:
+            return f"{arg}: an override is key=value without leading dashes: {arg.lstrip('-')}"
+    return None
+
+
 def apply_overrides(data: dict, sources: dict, overrides: list[str]) -> tuple[dict, dict]:
     """Apply `a.b.c=value` overrides; values are parsed as YAML (null, 4, [1, 2], true).
 

@@ -115,6 +115,12 @@ def test_a_path_that_is_no_model_is_refused(tmp_path, shakespeare_shards):
         assert "neither a checkpoint folder" in result.stderr and "Traceback" not in result.stderr
 
 
+def test_a_missing_model_is_named_before_the_options_it_would_need(tmp_path):
+    result = tool("evaluate", tmp_path / "missing" / "export", "--tasks", "ppl")  # no --data either
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert result.stderr.strip() == f"evaluate: {tmp_path / 'missing' / 'export'}: no such file or directory"
+
+
 def test_a_missing_data_prefix_is_refused(tiny_run, tmp_path):
     result = tool("evaluate", tiny_run.export, "--data", tmp_path / "neox", "--tasks", "ppl")
     assert result.returncode == 2

@@ -230,6 +230,15 @@ def test_cli_prints_config_or_exits_2():
     assert "overrides are optional" in bare.stderr and "config, overrides" not in bare.stderr
 
 
+@pytest.mark.parametrize("command", [["implicit_megatron.config"], ["implicit_megatron.train"]])
+def test_an_override_written_with_dashes_is_named_not_answered_with_the_usage(command):
+    result = subprocess.run([sys.executable, "-m", *command, "configs/tiny/mamba2-implicit.yaml", "--train.steps=20"],
+                            cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2 and "usage:" not in result.stderr
+    assert result.stderr.strip().endswith("--train.steps=20: an override is key=value without leading dashes: "
+                                          "train.steps=20")
+
+
 def test_train_help_names_config_overrides_and_the_reference():
     cmd = [sys.executable, "-m", "implicit_megatron.train"]
     shown = subprocess.run([*cmd, "--help"], cwd=ROOT, capture_output=True, text=True)

@@ -40,6 +40,17 @@ def run_without(tmp_path: Path, missing: set[str], uid: int | None = None) -> su
     return subprocess.run([BASH, str(SCRIPT)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=30)
 
 
+def test_help_prints_the_usage_and_runs_nothing(tmp_path):
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for tool in ("podman", "buildah", "debootstrap", "id"):
+        stub(bin_dir / tool, 'echo "$0 should not run here" >&2; exit 3')
+    result = subprocess.run([BASH, str(SCRIPT), "--help"], cwd=tmp_path, env={"PATH": f"{bin_dir}:/usr/bin:/bin"},
+                            capture_output=True, text=True, timeout=30)
+    assert result.returncode == 0 and result.stderr == "", result.stderr
+    assert result.stdout.startswith("Builds the cluster images") and "Settings (environment):" in result.stdout
+
+
 def test_skips_without_podman(tmp_path):
     result = run_without(tmp_path, {"podman", "buildah", "debootstrap"})
     assert result.returncode == 0, result.stderr

@@ -129,3 +129,12 @@ def test_kernels_built_by_default(source):
     runs = [block for block in text.split("\nRUN ")[1:] if "--no-build-isolation --no-deps" in block]
     assert len(runs) == 2 and all(block.startswith('if [ "${GPU_KERNELS}" = 0 ]; then') for block in runs), runs
     assert text.count("or '${GPU_KERNELS}' == '0'") == 2  # the torch assertions
+
+
+def test_help_works_without_the_dev_extra():
+    """--help needs no dockerfile_parse (the dev extra): its import is blocked here."""
+    script = ("import sys, runpy; sys.modules['dockerfile_parse'] = None; "
+              "sys.argv = ['check_dockerfiles.py', '--help']; "
+              "runpy.run_path('tools/check_dockerfiles.py', run_name='__main__')")
+    result = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0 and result.stdout.startswith("usage: check_dockerfiles.py"), result.stderr[-2000:]
