@@ -2,7 +2,8 @@
 
     python tools/evaluate.py CHECKPOINT_OR_EXPORT --data PREFIX [--tasks ppl,extrapolation,dynamics,duality,lm_eval]
         [--seq-lens 2048,4096,8192,16384] [--max-iter N] [--tol EPS] [--fixed-depth] [--phase NAME] [--batch-size N]
-        [--max-windows N] [--sequential-windows N] [--output DIR] [--device cpu|cuda] [--dtype fp32|bf16]
+        [--eval-stop token|sequence|batch] [--max-windows N] [--sequential-windows N] [--output DIR]
+        [--device cpu|cuda] [--dtype fp32|bf16]
         [--run RUN_DIR] [--lm-eval-tasks T1,T2] [--lm-eval-include PATH] [--lm-eval-backend implicit_megatron|hf]
 
 CHECKPOINT_OR_EXPORT is a run's checkpoints/ folder (any ZeRO stage; its `latest` tag), one tag folder in it, or
@@ -10,6 +11,8 @@ a folder written by tools/convert_checkpoint.py export. The solver runs the (s+k
 were trained in (a checkpoint's tag names it; an export is taken as the end of its run), capped
 at max_iter x eval_factor passes and stopping at the phase's tolerance (a bounded phase: at
 implicit.eval_tol, or at exactly max_iter passes with --fixed-depth); --phase, --max-iter and --tol override.
+Each position stops at its own residual, so no score depends on what shares its batch or pads it;
+--eval-stop batch is the released code's one stop test over the batch, for paper fidelity.
 
 Tasks: ppl (test-split perplexity at the first length), extrapolation (perplexity and
 per-position perplexity at every length), dynamics (solver passes and final relative residual),
@@ -61,6 +64,10 @@ def parse(argv: list[str] | None):
     p.add_argument("--tol", type=float, default=None, help="stopping tolerance of the relative residual")
     p.add_argument("--fixed-depth", action="store_true",
                    help="a bounded phase at exactly its max_iter passes instead of stopping at implicit.eval_tol")
+    p.add_argument("--eval-stop", choices=("token", "sequence", "batch"), default="token",
+                   help="token (default): each position stops at its own residual, so no score moves with the "
+                        "batch or its padding; sequence: each sequence at its own; batch: the released code's one "
+                        "stop test over the batch (paper fidelity)")
     p.add_argument("--output", default=None, help="results folder (default: the run's or export's evaluation/)")
     p.add_argument("--allow-tokenizer-mismatch", action="store_true",
                    help="evaluate --data built with another tokenizer than the model's")
@@ -110,7 +117,8 @@ def main(argv: list[str] | None = None) -> int:
                           sequential_windows=args.sequential_windows, position_buckets=args.position_buckets,
                           split=args.split, seed=args.seed, output=args.output,
                           allow_tokenizer_mismatch=args.allow_tokenizer_mismatch, device=args.device,
-                          dtype=args.dtype, solver=SolverChoice(args.phase, args.max_iter, args.tol, args.fixed_depth),
+                          dtype=args.dtype, solver=SolverChoice(args.phase, args.max_iter, args.tol, args.fixed_depth,
+                                                                  args.eval_stop),
                           lm_eval=lm_eval, run_dir=args.run_dir)
     try:
         results = run_evaluation(options, bars=progress_bars())

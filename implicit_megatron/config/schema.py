@@ -103,10 +103,12 @@ class ImplicitConfig:
     # A bounded phase's evaluation stops at eval_tol (as the released (4+1) models are evaluated);
     # null evaluates it at its fixed depth max_iter. Free phases evaluate at their own tol.
     eval_tol: float | None = 0.05
-    # simultaneous-mode evaluation: batch = the paper's one stop test over the batch (a sequence's result
-    # depends on its neighbours); sequence = each sequence stops at its own residual. Training always
-    # uses the batch-wide rule.
-    eval_stop: Literal["batch", "sequence"] = "batch"
+    # simultaneous-mode evaluation: token = each position stops at its own residual, so a position's
+    # result depends on the tokens up to it alone (not on the batch, padding or what follows);
+    # sequence = each sequence stops at its own residual; batch = the released code's one stop test
+    # over the batch (a sequence's result depends on its neighbours), for paper-fidelity evaluation.
+    # Training always uses the batch-wide rule.
+    eval_stop: Literal["token", "sequence", "batch"] = "token"
     # sequential mode (generation): row = each row stops at its own residual, frozen while the others
     # iterate (its tokens and passes are those it has alone); batch = the released code's one stop test
     # over the batch, to reproduce its runs on batches

@@ -35,12 +35,13 @@ class ImplicitMegatronLM(TemplateLM):
     def __init__(self, pretrained: str | None = None, loaded: LoadedModel | None = None, device: str = "cpu",
                  batch_size: int | str | None = DEFAULT_BATCH_SIZE, max_length: int | None = None,
                  mode: str = "simultaneous", phase: str | None = None, max_iter: int | None = None,
-                 tol: float | None = None, **_ignored) -> None:
+                 tol: float | None = None, eval_stop: str = "token", **_ignored) -> None:
         super().__init__()
         if loaded is None:
             if pretrained is None:
                 raise ValueError("implicit_megatron needs pretrained=PATH (a checkpoint folder or an export)")
-            choice = SolverChoice(_optional(phase, str), _optional(max_iter, int), _optional(tol, float))
+            choice = SolverChoice(_optional(phase, str), _optional(max_iter, int), _optional(tol, float),
+                                  eval_stop=eval_stop)
             loaded = load_model(pretrained, device=device or "cpu", choice=choice)
         if mode not in ("simultaneous", "sequential"):
             raise ValueError(f"mode must be simultaneous or sequential, not {mode!r}")

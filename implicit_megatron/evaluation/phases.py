@@ -24,6 +24,10 @@ class SolverChoice:
     max_iter: int | None = None  # cap on passes per forward in evaluation (replaces max_iter x eval_factor)
     tol: float | None = None  # stopping tolerance of the relative residual
     fixed_depth: bool = False  # a bounded phase at exactly its max_iter passes, not stopping at eval_tol
+    # token: each position stops at its own residual, so no score moves with the batch, its padding or
+    # what follows; sequence: each sequence at its own; batch: the released code's one stop test over
+    # the batch (paper fidelity), named, never by default
+    eval_stop: str = "token"
 
 
 def find_phase(cfg: Config, name: str) -> PhaseConfig:
@@ -37,6 +41,8 @@ def find_phase(cfg: Config, name: str) -> PhaseConfig:
 def resolve_solver(cfg: Config, tag_phase: str | None, choice: SolverChoice) -> dict:
     """A plain dict (it goes into results.json): phase, max_iter, phantom_steps, tol, cap, label."""
     im = cfg.implicit
+    if choice.eval_stop not in ("token", "sequence", "batch"):
+        raise ValueError(f"eval_stop must be token, sequence or batch, not {choice.eval_stop!r}")
     if not im.enabled:
         return {"implicit": False, "phase": None, "max_iter": 1, "phantom_steps": 0, "tol": None, "cap": 1,
                 "label": "(explicit)"}
@@ -51,11 +57,12 @@ def resolve_solver(cfg: Config, tag_phase: str | None, choice: SolverChoice) -> 
         tol = im.eval_tol
     cap = choice.max_iter or (s * im.eval_factor if tol is not None else s)
     return {"implicit": True, "phase": phase.name if phase else None, "max_iter": s, "phantom_steps": k, "tol": tol,
-            "cap": cap, "damping": im.damping, "label": f"({s}+{k})"}
+            "cap": cap, "damping": im.damping, "eval_stop": choice.eval_stop, "label": f"({s}+{k})"}
 
 
 def apply_solver(model: LanguageModel, settings: dict) -> None:
-    """Set the core so that evaluation runs at most `cap` passes, stopping early at `tol`."""
+    """Set the core so that evaluation runs at most `cap` passes, stopping early at `tol` (each
+    sequence at its own residual unless the batch-wide stop was named)."""
     if settings["implicit"]:
         model.core.set_phase(max_iter=settings["cap"], eval_factor=1, tol=settings["tol"], eval_tol=None,
-                             phantom_steps=settings["phantom_steps"])
+                             phantom_steps=settings["phantom_steps"], eval_stop=settings["eval_stop"])

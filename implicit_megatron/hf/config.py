@@ -11,13 +11,24 @@ from transformers.configuration_utils import PretrainedConfig
 FIRST_USE: list = []  # called once, when the first of these configs is made (hf/auto.py fills it)
 
 
+EVAL_STOPS = ("token", "sequence", "batch")
+
+
 class ImplicitMegatronConfig(PretrainedConfig):
-    """Holds our run config (the `implicit_megatron` entry) next to the few fields transformers reads."""
+    """Holds our run config (the `implicit_megatron` entry) next to the few fields transformers reads.
+
+    `eval_stop` is how a forward outside training stops the solver: "token" (each position at its own
+    residual, so a row's result is the one it gets alone, whatever shares its batch or pads it,
+    with or without an attention mask) unless a client names "sequence" (each row at its own) or
+    "batch", the released code's one stop test over the batch, for paper-fidelity evaluation:
+    `from_pretrained(folder, eval_stop="batch")`, or lm-eval's `--model_args ...,eval_stop=batch`.
+    """
 
     model_type = "implicit_megatron"
 
-    def __init__(self, implicit_megatron: dict | None = None, **kwargs):
+    def __init__(self, implicit_megatron: dict | None = None, eval_stop: str = "token", **kwargs):
         self.implicit_megatron = implicit_megatron or {}
+        self.eval_stop = eval_stop
         model = self.implicit_megatron.get("model", {})
         vocab, multiple = model.get("vocab_size"), model.get("pad_vocab_multiple", 1)
         # the width of the logits, padding rows included, as transformers' own models count it (beam search does)

@@ -55,6 +55,7 @@ def _write_files(out: Path, model: LanguageModel, cfg: Config, dtype: torch.dtyp
     eod_id = write_tokenizer(Path(cfg.data.tokenizer), out)
     hf = {"architectures": ["ImplicitMegatronForCausalLM"], "model_type": "implicit_megatron", "auto_map": AUTO_MAP,
           "torch_dtype": str(dtype).removeprefix("torch."), **model_fields(cfg), **generation_fields(cfg, eod_id),
+          "eval_stop": "token",  # each row's result is its own (hf/config.py); a client may name "batch"
           CONFIG_KEY: portable(cfg.to_dict())}
     (out / CONFIG_FILE).write_text(json.dumps(hf, indent=2))
     write_modeling_file(out)
@@ -142,7 +143,20 @@ def read_folder_config(folder: Path) -> Config:
     if CONFIG_KEY not in data:
         raise ValueError(f"{folder / CONFIG_FILE}: no '{CONFIG_KEY}' entry; not a folder written by "
                          "tools/convert_checkpoint.py")
-    return config_from_dict(data[CONFIG_KEY], str(folder / CONFIG_FILE))
+    cfg = config_from_dict(data[CONFIG_KEY], str(folder / CONFIG_FILE))
+    cfg.implicit.eval_stop = checked_eval_stop(data.get("eval_stop", "token"), str(folder / CONFIG_FILE))
+    return cfg
+
+
+def checked_eval_stop(value, source: str) -> str:
+    """An exported model's stop rule outside training: its config's top-level `eval_stop` (the run
+    config inside records how the run validated, and folders exported before this field existed hold
+    the old default there), "token" unless a client names another rule."""
+    from implicit_megatron.hf.config import EVAL_STOPS
+
+    if value not in EVAL_STOPS:
+        raise ValueError(f"{source}: eval_stop must be one of {', '.join(EVAL_STOPS)}, not {value!r}")
+    return value
 
 
 RETIRED_KEYS = {("train", "eval_iters")}  # saved by earlier versions; validation now reads train.eval_samples

@@ -43,9 +43,11 @@ class ImplicitMegatronForCausalLM(PreTrainedModel, GenerationMixin):
     def __init__(self, config: ImplicitMegatronConfig):
         super().__init__(config)
         from implicit_megatron.builder import build_model
-        from implicit_megatron.hf.export import config_from_dict
+        from implicit_megatron.hf.export import checked_eval_stop, config_from_dict
 
-        lm = build_model(config_from_dict(config.implicit_megatron, "config.json"))
+        cfg = config_from_dict(config.implicit_megatron, "config.json")
+        cfg.implicit.eval_stop = checked_eval_stop(config.eval_stop, "config.json")
+        lm = build_model(cfg)
         for name, child in lm.named_children():
             self.add_module(name, child)
         self._language_model = (lm,)  # a tuple: not registered twice as a submodule

@@ -56,7 +56,7 @@ class SolverSettings:
     eval_tol: float | None = None  # where a bounded phase's evaluation stops; None: at its fixed depth
     eval_rule: str = "released"  # implicit.solver.released_solve at evaluation; "solver": the training solver
     eval_max_iter: int | None = None  # the evaluation cap; None: max_iter x eval_factor
-    eval_stop: str = "batch"  # simultaneous-mode evaluation: "batch" (one stop test) or "sequence" (each its own)
+    eval_stop: str = "token"  # simultaneous-mode evaluation: "token", "sequence" (each its own) or "batch" (one test)
     warm_start: bool = False  # sequential mode: token t's solve starts from token t-1's fixed point
     sequential_stop: str = "row"  # sequential mode: "row" (each its own) or "batch" (the released code's)
 
@@ -84,6 +84,10 @@ class SolverSettings:
     def per_sample(self, training: bool) -> bool:
         """Whether each sample stops on its own residual (evaluation with eval_stop="sequence")."""
         return not training and self.eval_stop == "sequence"
+
+    def per_token(self, training: bool) -> bool:
+        """Whether each position stops on its own residual (evaluation with eval_stop="token")."""
+        return not training and self.eval_stop == "token"
 
 
 class ImplicitCore(nn.Module):
@@ -159,11 +163,12 @@ class ImplicitCore(nn.Module):
             return self._unrolled(f, z0, s.damping if s.gradient == "unrolled_damped" else 1.0)
         cap, tol = s.cap(self.training), s.stop_tol(self.training)
         with self._timed("solve"), torch.no_grad(), self._weights_once(with_gradient=False):
-            per_sample = s.per_sample(self.training)
+            per_sample, per_token = s.per_sample(self.training), s.per_token(self.training)
             if s.released_eval(self.training):  # the paper's evaluation
-                z, self.last_stats = released_solve(f, z0, cap, tol, s.damping, self.group, per_sample=per_sample)
+                z, self.last_stats = released_solve(f, z0, cap, tol, s.damping, self.group, per_sample=per_sample,
+                                                    per_token=per_token)
                 return z
-            z_star, stats = solve(f, z0, cap, tol, s.anderson, self.group, per_sample)
+            z_star, stats = solve(f, z0, cap, tol, s.anderson, self.group, per_sample, per_token)
         if not self._finish_solve(stats):  # evaluation returns the fixed point itself, as torchdeq does
             return z_star
         with self._timed("phantom"), self._weights_once(with_gradient=True):
@@ -264,8 +269,8 @@ class ImplicitCore(nn.Module):
         raise _CaptureFailed(message)
 
     def _use_graphs(self, x: torch.Tensor, seq_idx: torch.Tensor | None) -> bool:
-        """Graphs for this forward? Not for the released evaluation rule and unrolled gradients
-        (always eager), and only for shapes seen before: training batches recur every step, while a
+        """Graphs for this forward? Not for the released evaluation rule, the per-token stop and
+        unrolled gradients (always eager), and only for shapes seen before: training batches recur every step, while a
         capture for each new length of an evaluation or generation would cost more than it saves."""
         if self.cuda_graphs == "off":
             return False
@@ -281,7 +286,8 @@ class ImplicitCore(nn.Module):
         if s is None:
             if not torch.is_grad_enabled():
                 return False
-        elif s.released_eval(self.training) or (s.gradient != "phantom" and torch.is_grad_enabled()):
+        elif (s.released_eval(self.training) or s.per_token(self.training)  # these read z after each pass
+              or (s.gradient != "phantom" and torch.is_grad_enabled())):
             return False
         seen = (_shape(x), _shape(seq_idx), torch.is_grad_enabled(), self.training)
         if len(self._seen) > 256:

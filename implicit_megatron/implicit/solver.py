@@ -60,6 +60,20 @@ def relative_residual(f_z: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
     return diff / norm.clamp_min(torch.finfo(dtype).tiny)
 
 
+def position_residual(f_z: torch.Tensor, z: torch.Tensor, eps: float = 0.0) -> torch.Tensor:
+    """||F(z) - z|| / ||F(z)|| (or / (eps + ||z||), the released ratio) per position: (B, T) over d."""
+    dtype = torch.promote_types(f_z.dtype, torch.float32)
+    diff = torch.linalg.vector_norm(f_z - z, dim=-1, dtype=dtype)
+    if eps:
+        return diff / (eps + torch.linalg.vector_norm(z, dim=-1, dtype=dtype))
+    return diff / torch.linalg.vector_norm(f_z, dim=-1, dtype=dtype).clamp_min(torch.finfo(dtype).tiny)
+
+
+def any_left(active: torch.Tensor, group: dist.ProcessGroup | None = None) -> bool:
+    """Whether any position is still iterating on any rank of the data-parallel group."""
+    return agreed_max(active.any().float(), group) > 0
+
+
 def agreed_max(value: torch.Tensor, group: dist.ProcessGroup | None = None) -> float:
     """The maximum of `value` over the data-parallel group (itself outside a distributed run)."""
     value = value.detach().float().max().reshape(1)
@@ -82,21 +96,25 @@ def eager_step(f: Function) -> Step:
 @torch.no_grad()
 def solve(f: Function, z0: torch.Tensor, max_iter: int, tol: float | None,
           anderson: AndersonSettings | None = None, group: dist.ProcessGroup | None = None,
-          per_sample: bool = False) -> tuple[torch.Tensor, SolverStats]:
+          per_sample: bool = False, per_token: bool = False) -> tuple[torch.Tensor, SolverStats]:
     """Iterate F from z0; return the last F(z) and statistics. Every pass calls F exactly once."""
-    return solve_with(eager_step(f), z0, max_iter, tol, anderson, group, per_sample)
+    return solve_with(eager_step(f), z0, max_iter, tol, anderson, group, per_sample, per_token)
 
 
 @torch.no_grad()
 def solve_with(step: Step, z0: torch.Tensor, max_iter: int, tol: float | None,
                anderson: AndersonSettings | None = None, group: dist.ProcessGroup | None = None,
-               per_sample: bool = False) -> tuple[torch.Tensor, SolverStats]:
+               per_sample: bool = False, per_token: bool = False) -> tuple[torch.Tensor, SolverStats]:
     """`solve` over a pass `step(z, need_residual) -> (F(z), residual or None)`. With a tolerance it
     returns, per sample, the iterate of lowest residual (see `_keep_lowest`).
 
     `per_sample` (evaluation): each sample keeps what it had at the first pass where its own
     residual fell below tol, as it would alone, and the solve ends when every sample has (on
     every rank); otherwise the batch's largest residual stops all samples at once.
+    `per_token` (evaluation, eager steps only: it reads z after the step): the same per position,
+    with each position's own residual over d. The iteration itself runs on for every position, so
+    under a causal backbone what a position keeps depends on the tokens up to it alone: not on the
+    batch, on padding after it, or on what follows it (Anderson mixing, per sequence, would undo this).
 
     A step may return F(z) in a buffer that its next call overwrites (a replayed CUDA graph), so the
     residual comes from the step itself, and Anderson mixing keeps its own copies. A bounded phase
@@ -108,7 +126,7 @@ def solve_with(step: Step, z0: torch.Tensor, max_iter: int, tol: float | None,
     if max_iter == 0:  # (0+k): the phantom steps alone, e.g. to compare with unrolled backprop
         ones = torch.ones(z0.shape[0], dtype=torch.bool, device=z0.device)
         return z0, SolverStats(0, torch.zeros(z0.shape[0], device=z0.device), ones)
-    z, passes, best = z0, 0, None
+    z, passes, best, tokens = z0, 0, None, None
     active = torch.ones(z0.shape[0], dtype=torch.bool, device=z0.device)
     row_passes = torch.zeros(z0.shape[0], dtype=torch.long, device=z0.device)
     while passes < max_iter:
@@ -116,7 +134,12 @@ def solve_with(step: Step, z0: torch.Tensor, max_iter: int, tol: float | None,
         last = passes == max_iter
         f_z, residual = step(z, tol is not None or last)
         row_passes += active
-        if tol is not None:
+        if tol is not None and per_token:
+            tokens = _keep_per_token(tokens, f_z, position_residual(f_z, z), tol)
+            active = ~tokens[2].all(dim=1)
+            if not any_left(~tokens[2], group):
+                break
+        elif tol is not None:
             best = _keep_lowest(best, f_z, residual, active if per_sample else None)
             if per_sample:
                 active &= ~(residual < tol)
@@ -124,6 +147,10 @@ def solve_with(step: Step, z0: torch.Tensor, max_iter: int, tol: float | None,
                 break
         if not last:
             z = history.next_iterate(z, f_z.clone()) if history is not None else f_z
+    if tokens is not None:
+        f_z, lowest, stopped = tokens
+        residual = lowest.flatten(1).max(dim=1).values  # the largest of its positions' residuals
+        return f_z, SolverStats(passes, residual, stopped.flatten(1).all(dim=1), row_passes=row_passes)
     if best is not None:
         f_z, residual = best
     converged = residual < tol if tol is not None else torch.ones_like(residual, dtype=torch.bool)
@@ -133,7 +160,7 @@ def solve_with(step: Step, z0: torch.Tensor, max_iter: int, tol: float | None,
 @torch.no_grad()
 def released_solve(f: Function, z0: torch.Tensor, cap: int, tol: float | None, damping: float,
                    group: dist.ProcessGroup | None = None, over_ranks: bool = True,
-                   per_sample: bool = False) -> tuple[torch.Tensor, SolverStats]:
+                   per_sample: bool = False, per_token: bool = False) -> tuple[torch.Tensor, SolverStats]:
     """The released evaluation rule: from z = z0, up to cap - 1 times
 
         z_next = F(z);  r = ||z_next - z|| / (1e-6 + ||z||);  z = (1 - damping) z + damping z_next;
@@ -144,8 +171,10 @@ def released_solve(f: Function, z0: torch.Tensor, cap: int, tol: float | None, d
     statistics hold the same ratio per sample, for the metrics; the stop test is the batch's.
     `per_sample` (evaluation): the stop test is each sample's own ratio; a sample that passed it
     is frozen while the others go on (until every sample has, on every rank), then one undamped
-    pass of all: each sample gets what it would alone.
+    pass of all: each sample gets what it would alone. `per_token`: see `_released_per_token`.
     """
+    if per_token and tol is not None:
+        return _released_per_token(f, z0, cap, tol, damping, group if over_ranks else None)
     z, loops, residual = z0, 0, torch.zeros(z0.shape[0], device=z0.device)
     active = torch.ones(z0.shape[0], dtype=torch.bool, device=z0.device)
     row_loops = torch.zeros(z0.shape[0], dtype=torch.long, device=z0.device)
@@ -173,6 +202,46 @@ def released_solve(f: Function, z0: torch.Tensor, cap: int, tol: float | None, d
     converged = residual < tol if tol is not None else torch.ones_like(residual, dtype=torch.bool)
     row_passes = row_loops + 1 if per_sample else None
     return f(z), SolverStats(loops + 1, residual, converged, row_passes=row_passes)
+
+
+def _released_per_token(f: Function, z0: torch.Tensor, cap: int, tol: float, damping: float,
+                        group: dist.ProcessGroup | None) -> tuple[torch.Tensor, SolverStats]:
+    """The released rule with each position's own stop test: position t stops at the first loop k
+    where ||F(z)_t - z_t|| / (1e-6 + ||z_t||) < tol and returns F of the next damped iterate, as
+    the released rule's last undamped pass would (the next loop's F(z), or the final pass). Every
+    position is iterated until all have stopped (or the cap), so under a causal backbone a
+    position's result depends on the tokens up to it alone: not on the batch, on padding after
+    it, or on the tokens that follow it."""
+    z, loops = z0, 0
+    out, residual = torch.zeros_like(z0), torch.zeros(z0.shape[:2], device=z0.device)
+    active = torch.ones(z0.shape[:2], dtype=torch.bool, device=z0.device)  # still iterating
+    pending = torch.zeros_like(active)  # stopped last loop: this loop's F(z) is its result
+    row_loops = torch.zeros(z0.shape[0], dtype=torch.long, device=z0.device)
+    while loops < cap - 1:
+        loops += 1
+        z_next = f(z)
+        out = torch.where(pending[..., None], z_next, out)
+        ratio = position_residual(z_next, z, eps=1e-6)
+        residual = torch.where(active, ratio, residual)
+        row_loops += active.any(dim=1)
+        pending = active & (ratio < tol)
+        active &= ~pending
+        z = (1 - damping) * z + damping * z_next
+        if not any_left(active, group):
+            break
+    out = torch.where((pending | active)[..., None], f(z), out)
+    return out, SolverStats(loops + 1, residual.max(dim=1).values, ~active.any(dim=1), row_passes=row_loops + 1)
+
+
+def _keep_per_token(kept, f_z: torch.Tensor, residual: torch.Tensor, tol: float):
+    """(F(z), lowest residual, stopped) per position (B, T): a position keeps its F(z) of lowest
+    residual until the first pass that brings it below tol, then keeps that one."""
+    if kept is None:
+        return f_z.clone(), residual.clone(), residual < tol
+    out, lowest, stopped = kept
+    better = (residual < lowest) & ~stopped
+    return (torch.where(better[..., None], f_z, out), torch.where(better, residual, lowest),
+            stopped | (residual < tol))
 
 
 def _keep_lowest(best, f_z: torch.Tensor, residual: torch.Tensor, active: torch.Tensor | None = None):

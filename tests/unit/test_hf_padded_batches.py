@@ -45,7 +45,6 @@ def test_generate_gives_each_row_the_tokens_and_logits_of_its_prompt_alone(name,
 @pytest.mark.parametrize("name", MODELS)
 def test_a_padded_forward_gives_each_row_the_logits_of_its_prompt_alone(name, side, exports):
     tokenizer, model = load64(exports[name], side)
-    model.core.set_phase(eval_stop="sequence") if "implicit" in name else None  # each row stops on its own
     batch = tokenizer(PROMPTS, padding=True, return_tensors="pt")
     with torch.no_grad():
         logits = model(**batch).logits

@@ -49,6 +49,8 @@ def test_imported_models_give_the_released_logits_in_eval_and_train_mode(arch, i
     settings = model.core.settings  # the released 130m solver, carried over from deq_params
     assert (settings.max_iter, settings.tol, settings.phantom_steps, settings.damping) == (32, 0.05, 4, 0.8)
     assert settings.eval_rule == "released" and settings.cap(False) == 128
+    assert settings.eval_stop == "token"  # what an unnamed client gets; the released rule is named:
+    model.core.set_phase(eval_stop="batch")  # the reference ran its batch under one stop test
     with torch.no_grad():
         assert relative(model(ids), logits["eval"]) < TOLERANCE
     assert model.core.last_stats.passes == meta["runs"]["eval"]["f_calls"]  # damped passes + the last one

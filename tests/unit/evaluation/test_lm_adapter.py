@@ -101,20 +101,16 @@ def test_batches_of_three_score_and_generate_as_each_request_alone(loaded, mode)
     on requests of different lengths give what each request gives alone."""
     from implicit_megatron.evaluation.lm_adapter import ImplicitMegatronLM
 
-    loaded.model.core.set_phase(eval_stop="sequence")  # simultaneous mode: each row stops on its own too
-    try:
-        batched, alone = (ImplicitMegatronLM(loaded=loaded, batch_size=size, mode=mode) for size in (3, 1))
-        scoring = [Request("ROMEO: But, soft!", " what light"), Request("HAMLET: To be, or not to be, that", " is"),
-                   Request("JULIET:", " O Romeo, Romeo")]
-        for (score, greedy), (alone_score, alone_greedy) in zip(batched.loglikelihood(scoring),
-                                                                alone.loglikelihood(scoring), strict=True):
-            assert score == pytest.approx(alone_score, abs=1e-4) and greedy == alone_greedy
-        settings = {"until": ["\u0000never"], "max_gen_toks": 5}
-        generation = [Request("ROMEO:", settings), Request("HAMLET: To be, or not to be,", settings),
-                      Request("JULIET: O", settings)]
-        assert batched.generate_until(generation) == alone.generate_until(generation)
-    finally:
-        loaded.model.core.set_phase(eval_stop="batch")
+    batched, alone = (ImplicitMegatronLM(loaded=loaded, batch_size=size, mode=mode) for size in (3, 1))
+    scoring = [Request("ROMEO: But, soft!", " what light"), Request("HAMLET: To be, or not to be, that", " is"),
+               Request("JULIET:", " O Romeo, Romeo")]
+    for (score, greedy), (alone_score, alone_greedy) in zip(batched.loglikelihood(scoring),
+                                                            alone.loglikelihood(scoring), strict=True):
+        assert score == pytest.approx(alone_score, abs=1e-4) and greedy == alone_greedy
+    settings = {"until": ["\u0000never"], "max_gen_toks": 5}
+    generation = [Request("ROMEO:", settings), Request("HAMLET: To be, or not to be,", settings),
+                  Request("JULIET: O", settings)]
+    assert batched.generate_until(generation) == alone.generate_until(generation)
 
 
 def test_local_tasks_in_sequential_mode_give_the_same_scores_at_batch_size_3_and_1(loaded):

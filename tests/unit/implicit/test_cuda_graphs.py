@@ -122,7 +122,8 @@ def test_graphed_training_equals_eager(arch, make_model, target, mode):
 def test_evaluation_by_the_solver_rule_replays_graphs(arch, make_model, target):
     device, dtype = target
     model = graph_model(make_model, arch, target, "free").eval()
-    model.core.settings = SolverSettings(max_iter=8, tol=2e-2, phantom_steps=4, eval_factor=4, eval_rule="solver")
+    model.core.settings = SolverSettings(max_iter=8, tol=2e-2, phantom_steps=4, eval_factor=4, eval_rule="solver",
+                                         eval_stop="batch")
     ids = batches(device, 1)[0]
     with torch.no_grad():
         model.core.cuda_graphs = "off"
@@ -137,6 +138,9 @@ def test_evaluation_by_the_solver_rule_replays_graphs(arch, make_model, target):
         model.core._graphs.clear()
         model(ids), model(ids)
         assert not model.core._graphs  # the released rule always runs eagerly
+        model.core.settings = SolverSettings(max_iter=8, tol=2e-2, eval_rule="solver", eval_stop="token")
+        model(ids), model(ids)
+        assert not model.core._graphs  # so does the per-token stop (it reads z after each pass)
 
 
 def test_no_normalised_weight_outlives_its_forward(make_model, target):

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from implicit_megatron import build_model, load_config
+from implicit_megatron.config import ImplicitConfig
 from implicit_megatron.implicit import SolverSettings
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -76,9 +77,10 @@ def test_simultaneous_rows_equal_each_prompt_alone(arch, side, rule, make_model)
     assert len(set(batch_passes.tolist())) > 1
 
 
-def test_the_batch_wide_rule_stays_the_default_and_shares_its_passes(make_model):
+def test_the_batch_wide_rule_runs_only_when_named_and_shares_its_passes(make_model):
+    assert SolverSettings().eval_stop == ImplicitConfig().eval_stop == "token"
     model = make_model("mamba2", seed=1, contractive=True).eval()
-    model.core.settings = SolverSettings(max_iter=40, tol=1e-4, eval_factor=1, eval_rule="solver")
+    model.core.settings = SolverSettings(max_iter=40, tol=1e-4, eval_factor=1, eval_rule="solver", eval_stop="batch")
     ids, mask = padded(prompts(), "left")
     with torch.no_grad():
         model(ids, attention_mask=mask)

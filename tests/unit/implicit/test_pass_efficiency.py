@@ -149,7 +149,8 @@ def test_solver_over_reused_buffers_takes_the_same_passes(tol, anderson):
 
 def test_evaluation_by_the_solver_rule_returns_the_fixed_point_without_phantom_steps(arch, make_model):
     model = make_model(arch, contractive=True)
-    model.core.settings = SolverSettings(max_iter=30, tol=1e-6, phantom_steps=4, eval_factor=1, eval_rule="solver")
+    model.core.settings = SolverSettings(max_iter=30, tol=1e-6, phantom_steps=4, eval_factor=1, eval_rule="solver",
+                                         eval_stop="batch")  # one stop test, as solve() below
     x = model.embedding(torch.randint(0, 101, (2, 9))).detach()
     with torch.no_grad():
         z = model.eval().core(x)

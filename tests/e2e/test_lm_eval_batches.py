@@ -1,0 +1,91 @@
+"""lm-eval scores do not move with the batch size: the `lm_eval` command line on an exported folder
+(transformers' model, right padding without a mask) and tools/evaluate.py (the package's lm-eval
+model, padding masked) give each request the same log-likelihood at batch 1 and 4, on requests of
+different lengths. The released batch-wide rule, which moves them, is there when named."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+from support.processes import ROOT, child_env
+from support.tiny_exports import write_tiny_export
+
+TASKS = "tests/unit/evaluation/fixtures/lm_eval"  # 4 LAMBADA-shaped lines and 3 two-choice questions
+OFFLINE = {"HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1"}
+
+
+@pytest.fixture(scope="module")
+def export(tmp_path_factory):
+    """A tiny implicit Mamba2 whose sequences stop after different passes (tol 0.05)."""
+    return write_tiny_export("mamba2-implicit", tmp_path_factory.mktemp("lm-eval-batches"), tol=0.05,
+                             scales=(0.5, 3.0, 3.0))
+
+
+def lm_eval_cli(export, out, batch_size: int, *model_args: str) -> dict:
+    """{(task, doc, choice): log-likelihood} from the lm_eval command line's logged samples."""
+    args = ",".join([f"pretrained={export}", "trust_remote_code=True", *model_args])
+    result = subprocess.run([sys.executable, "-m", "lm_eval", "--model", "hf", "--model_args", args, "--tasks",
+                             "tiny_lambada,tiny_piqa", "--include_path", TASKS, "--batch_size", str(batch_size),
+                             "--device", "cpu", "--log_samples", "--output_path", str(out)],
+                            cwd=ROOT, capture_output=True, text=True, timeout=300, env=child_env(**OFFLINE))
+    assert result.returncode == 0, result.stderr[-3000:]
+    scores = {}
+    for path in out.rglob("samples_*.jsonl"):
+        for line in path.read_text().splitlines():
+            sample = json.loads(line)
+            for choice, response in enumerate(sample["resps"]):
+                scores[(sample["doc"].get("text", ""), sample["doc_id"], choice)] = float(response[0][0])
+    assert len(scores) == 10
+    return scores
+
+
+def largest_gap(a: dict, b: dict) -> float:
+    assert a.keys() == b.keys()
+    return max(abs(a[k] - b[k]) for k in a)
+
+
+def test_the_lm_eval_command_line_scores_each_request_as_alone(export, tmp_path):
+    one = lm_eval_cli(export, tmp_path / "one", 1)
+    assert largest_gap(one, lm_eval_cli(export, tmp_path / "four", 4)) < 1e-5
+    assert largest_gap(one, lm_eval_cli(export, tmp_path / "batch-rule", 4, "eval_stop=batch")) > 1e-4
+
+
+def evaluate(export, out, batch_size: int, *options: str) -> dict:
+    result = subprocess.run([sys.executable, "tools/evaluate.py", str(export), "--tasks", "lm_eval",
+                             "--lm-eval-tasks", "tiny_lambada", "--lm-eval-include", TASKS, "--batch-size",
+                             str(batch_size), "--output", str(out), *options],
+                            cwd=ROOT, capture_output=True, text=True, timeout=300, env=child_env(**OFFLINE))
+    assert result.returncode == 0, result.stderr[-3000:]
+    return json.loads((out / "results.json").read_text())["lm_eval"]["tasks"]["tiny_lambada"]
+
+
+def test_tools_evaluate_scores_do_not_move_with_the_batch_size(export, tmp_path):
+    one, four = (evaluate(export, tmp_path / f"b{n}", n)["perplexity"] for n in (1, 4))
+    assert abs(one - four) / one < 1e-5
+    named = evaluate(export, tmp_path / "batch-rule", 4, "--eval-stop", "batch")["perplexity"]
+    assert abs(one - named) / one > 1e-5
+
+
+def readme_block(language: str, needle: str) -> str:
+    import re
+
+    blocks = re.findall(rf"```{language}\n(.*?)```", (ROOT / "README.md").read_text(), re.S)
+    return next(block for block in blocks if needle in block)
+
+
+def test_the_readmes_transformers_and_lm_eval_examples_run_as_written(export, tmp_path):
+    """The README's examples with the quickstart's export replaced by this one, nothing else."""
+    snippet = readme_block("python", "AutoModelForCausalLM").replace("runs/quickstart/export", str(export))
+    result = subprocess.run([sys.executable, "-c", snippet], cwd=ROOT, capture_output=True, text=True, timeout=300,
+                            env=child_env(**OFFLINE))
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.startswith("ROMEO:")
+    command = readme_block("bash", "lm_eval --model hf").replace("runs/quickstart/export", str(export))
+    command = command.replace(".venv/bin/lm_eval", f"{sys.executable} -m lm_eval").replace("\\\n", " ")
+    result = subprocess.run(["bash", "-c", command], cwd=ROOT, capture_output=True, text=True, timeout=300,
+                            env=child_env(**OFFLINE))
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "tiny_lambada" in result.stdout and "perplexity" in result.stdout
