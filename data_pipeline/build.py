@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 from pathlib import Path
 
 from data_pipeline.pipeline import PreprocessConfig, run_preprocess
@@ -30,24 +29,22 @@ def ensure_shards(source: str, prefix: str, tokenizer: str, valid_fraction: floa
     """Tokenize `source` into shards at `prefix` unless a finished build of the same source is there.
 
     An existing build made with another tokenizer raises ValueError (training on it would be
-    wrong). A build records the source it was made from (`{prefix}_source.json`: its size and
-    sha256); when the source has changed since, the shards are built again (a run that resumes on
-    them is then refused by its checkpoint's data fingerprint). Otherwise an existing build is kept
-    as is, whatever fractions it was made with.
+    wrong). A build made here records the source it was made from (`{prefix}_source.json`: its
+    path, size and sha256). Shards are never deleted or rebuilt: a build of another source, or of
+    this one before it changed, raises SourceMismatch naming both; shards with no record (made by
+    `data_pipeline.preprocess`, say) are the user's, kept as they are and never claimed.
     """
     stats_path, record = f"{prefix}_stats.json", f"{prefix}{SOURCE_RECORD}"
-    now = source_identity(source)
     if os.path.isfile(stats_path):
         _check_tokenizer(stats_path, tokenizer)
-        built = _read_record(record)
-        if built is None:  # built before sources were recorded: nothing to compare with
-            _write_record(record, now)
-            return
-        if built.get("sha256") == now["sha256"]:
-            return
-        print(f"[data] {source} changed since {prefix}_* were built from it (size {built.get('size')} -> "
-              f"{now['size']} bytes, another sha256): building them again", flush=True)
-        _remove_build(prefix)
+        problem = source_mismatch(source, prefix)
+        if problem is not None:
+            raise SourceMismatch(problem)
+        if _read_record(record) is None:
+            print(f"[data] {prefix}_* were not built from data.source (no {Path(record).name}): training on "
+                  f"them as they are; {source} is not read", flush=True)
+        return
+    now = source_identity(source)
     if workers is None:
         workers = max(1, min(4, (os.cpu_count() or 2) - 1))
     print(f"[data] building {prefix}_{{train,valid,test}} from {source} (data.source, first use)", flush=True)
@@ -59,6 +56,26 @@ def ensure_shards(source: str, prefix: str, tokenizer: str, valid_fraction: floa
 
 
 SOURCE_RECORD = "_source.json"  # beside {prefix}_stats.json: the source file a build was made from
+
+
+class SourceMismatch(ValueError):
+    """Shards at the prefix were built from another source (or an earlier state of this one)."""
+
+
+def source_mismatch(source: str, prefix: str) -> str | None:
+    """Why the shards at `prefix` are not data.source's, or None: they were built from it as it is
+    now, or they carry no record of a source (the user's own, made by preprocess)."""
+    built = _read_record(f"{prefix}{SOURCE_RECORD}")
+    if built is None:
+        return None
+    now = source_identity(source)
+    if built.get("sha256") == now["sha256"]:
+        return None
+    was = (f"{built.get('path')} ({built.get('size')} bytes)" if built.get("path") != now["path"]
+           else f"{source} as it was then ({built.get('size')} bytes; it is {now['size']} bytes now, another sha256)")
+    return (f"{prefix}_* were built from {was}, but data.source is {source}. Nothing was changed: set data.source "
+            f"to the file they were built from, set data.prefixes to another folder under data/cache/ to build "
+            f"{source} there, or remove {prefix}_* yourself to rebuild them from {source}")
 
 
 def source_identity(source: str) -> dict:
@@ -78,15 +95,6 @@ def _write_record(path: str, identity: dict) -> None:
     with open(tmp, "w") as handle:
         json.dump(identity, handle)
     os.replace(tmp, path)
-
-
-def _remove_build(prefix: str) -> None:
-    """The shards, stats and record of one build (what preprocessing wrote at `prefix`)."""
-    shard = re.compile(rf"^{re.escape(Path(prefix).name)}_(train|valid|test)(_\d{{5}})?\.(bin|idx)$")
-    for path in Path(prefix).parent.iterdir():
-        if shard.match(path.name) or path.name in (f"{Path(prefix).name}_stats.json",
-                                                   f"{Path(prefix).name}{SOURCE_RECORD}"):
-            path.unlink()
 
 
 def _check_tokenizer(stats_path: str, tokenizer: str) -> None:

@@ -123,7 +123,7 @@ def validate_tokenizer(cfg: Config, fail) -> None:
 def validate_data(cfg: Config, fail) -> None:
     """Every prefix has whole shards (data_pipeline.shard_check) for training, and enough tokens for
     one sample; a missing prefix is an error unless data.source builds it."""
-    from data_pipeline.build import builds_from_source
+    from data_pipeline.build import builds_from_source, source_mismatch
     from data_pipeline.indexed import find_shards
     from data_pipeline.shard_check import ShardError, check_build, check_shard
     from implicit_megatron.utils.output_paths import first_unwritable
@@ -154,6 +154,11 @@ def validate_data(cfg: Config, fail) -> None:
                     tokens += check_shard(shard).tokens
             except ShardError as err:
                 fail(key, str(err))
+            if (i == 0 and split == "train" and cfg.data.source is not None and builds_from_source(prefix)
+                    and os.path.isfile(cfg.data.source)):
+                problem = source_mismatch(cfg.data.source, prefix)
+                if problem is not None:
+                    fail("data.source", problem)
             if split == "train" and tokens < cfg.data.seq_len + 1:
                 fail(key, f"the train split of {prefix!r} holds {tokens} tokens, fewer than one sample "
                           f"(data.seq_len + 1 = {cfg.data.seq_len + 1})")

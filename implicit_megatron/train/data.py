@@ -17,12 +17,15 @@ def prepare_shards(cfg: Config) -> None:
     if cfg.data.source is None or not cfg.data.prefixes or not builds_from_source(cfg.data.prefixes[0]):
         return
 
+    from data_pipeline.build import SourceMismatch
     from data_pipeline.plan import PreprocessError
 
     try:
         ensure_shards(cfg.data.source, cfg.data.prefixes[0], cfg.data.tokenizer, QUICKSTART_SPLIT, QUICKSTART_SPLIT)
     except PreprocessError as err:  # an empty source, say
         raise RunRefused(f"data.source {cfg.data.source}: {err}") from None
+    except SourceMismatch as err:
+        raise RunRefused(f"data.source: {err}") from None
 
 
 def train_batches(cfg: Config, dp_rank: int, dp_size: int, grad_accum: int) -> DistributedBatchIterator:

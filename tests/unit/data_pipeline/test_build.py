@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 
 import pytest
@@ -48,23 +49,45 @@ def test_ensure_shards_refuses_shards_of_another_tokenizer(tmp_path, corpus_path
         ensure_shards(str(source), prefix, other, 0.0, 0.0, progress=False)
 
 
-def test_a_changed_source_is_built_again(tmp_path, neox_path, write_jsonl, capsys):
-    """Shards built from data.source follow the source: the same file is never tokenized twice, a
-    changed one is (its documents, not the first build's, are what the shards then hold)."""
-    import json
+def files_and_stamps(folder) -> dict:
+    return {p.name: (p.stat().st_size, p.stat().st_mtime_ns) for p in sorted(folder.iterdir()) if p.is_file()}
+
+
+def test_a_changed_source_is_refused_and_nothing_is_touched(tmp_path, neox_path, write_jsonl):
+    """Shards built from data.source are never rebuilt behind the user's back: a changed source, or
+    another file, is refused naming both and the key to change, with every file left as it was."""
+    from data_pipeline.build import SourceMismatch
 
     source = write_jsonl(tmp_path / "docs.jsonl", [{"text": f"to be or not to be, {i}"} for i in range(20)])
     prefix = str(tmp_path / "cache" / "neox")
     ensure_shards(str(source), prefix, neox_path, 0.0, 0.0, workers=0, progress=False)
-    stats = tmp_path / "cache" / "neox_stats.json"
-    assert json.loads(stats.read_text())["documents"] == 20
-    built = stats.stat().st_mtime_ns
-    ensure_shards(str(source), prefix, neox_path, 0.0, 0.0, workers=0, progress=False)
-    assert stats.stat().st_mtime_ns == built  # the same source: kept
-    write_jsonl(source, [{"text": f"that is the question, {i}"} for i in range(30)])
-    capsys.readouterr()
-    ensure_shards(str(source), prefix, neox_path, 0.0, 0.0, workers=0, progress=False)
-    assert f"{source} changed since {prefix}_* were built from it" in capsys.readouterr().out
-    assert json.loads(stats.read_text())["documents"] == 30
     record = json.loads((tmp_path / "cache" / "neox_source.json").read_text())
-    assert record["size"] == source.stat().st_size
+    assert record["path"] == str(source) and record["size"] == source.stat().st_size
+    before = files_and_stamps(tmp_path / "cache")
+    ensure_shards(str(source), prefix, neox_path, 0.0, 0.0, workers=0, progress=False)  # the same source: kept
+    write_jsonl(source, [{"text": f"that is the question, {i}"} for i in range(30)])
+    other = write_jsonl(tmp_path / "other.jsonl", [{"text": "words"}] * 5)
+    for changed, named in ((source, f"{source} as it was then"), (other, f"{source} (")):
+        with pytest.raises(SourceMismatch) as info:
+            ensure_shards(str(changed), prefix, neox_path, 0.0, 0.0, workers=0, progress=False)
+        assert f"{prefix}_* were built from {named}" in str(info.value)
+        assert f"data.source is {changed}" in str(info.value) and "Nothing was changed" in str(info.value)
+        assert files_and_stamps(tmp_path / "cache") == before
+
+
+def test_shards_the_trainer_did_not_build_are_never_claimed_or_rebuilt(tmp_path, neox_path, write_jsonl, capsys):
+    """Shards made by preprocess from three files, under data/cache/, with a config whose base names
+    another data.source: kept as they are, no record claims them, the source is not read."""
+    from data_pipeline.pipeline import PreprocessConfig, run_preprocess
+
+    parts = [write_jsonl(tmp_path / f"part{k}.jsonl", [{"text": f"part {k}, line {i}"} for i in range(10)])
+             for k in range(3)]
+    prefix = str(tmp_path / "cache" / "mine")
+    run_preprocess(PreprocessConfig(inputs=[str(p) for p in parts], tokenizer=neox_path, output_prefix=prefix,
+                                    workers=0, append_eod=True, progress=False))
+    before = files_and_stamps(tmp_path / "cache")
+    assert json.loads((tmp_path / "cache" / "mine_stats.json").read_text())["documents"] == 30
+    for source in (parts[0], tmp_path / "shakespeare.jsonl"):  # another file; one that is not there
+        ensure_shards(str(source), prefix, neox_path, 0.05, 0.05, workers=0, progress=False)
+        assert "were not built from data.source" in capsys.readouterr().out
+        assert files_and_stamps(tmp_path / "cache") == before  # no mine_source.json, nothing rebuilt

@@ -127,3 +127,22 @@ def test_an_unfinished_build_is_refused_by_name_with_the_command_that_finishes_i
     assert "ended before writing" in str(refused_before_launch(shards))
     Path(shards + ".work").rmdir()
     load_config(TINY, [f"data.prefixes=[{shards}]", "data.source=null"], check_data=True)  # another tool's
+
+
+def test_shards_built_from_another_source_are_refused_before_launch(tmp_path, write_jsonl):
+    """data.source names another file than the one the shards under data/cache/ were built from:
+    named (data.source, both files) before any process starts, nothing rebuilt."""
+    from data_pipeline.build import ensure_shards
+
+    built = write_jsonl(tmp_path / "built.jsonl", [{"text": f"to be or not to be, {i} " * 20} for i in range(40)])
+    other = write_jsonl(tmp_path / "other.jsonl", [{"text": "that is the question"}] * 40)
+    prefix = str(tmp_path / "data" / "cache" / "mine" / "neox")
+    tokenizer = str(ROOT / load_config(TINY).data.tokenizer)
+    ensure_shards(str(built), prefix, tokenizer, 0.1, 0.0, workers=0, progress=False)
+    with pytest.raises(ConfigError) as info:
+        load_config(TINY, [f"data.prefixes=[{prefix}]", f"data.source={other}", f"data.tokenizer={tokenizer}",
+                           "data.seq_len=16"], check_data=True)
+    assert info.value.key == "data.source" and f"built from {built}" in info.value.message
+    assert f"data.source is {other}" in info.value.message
+    load_config(TINY, [f"data.prefixes=[{prefix}]", f"data.source={built}", f"data.tokenizer={tokenizer}",
+                       "data.seq_len=16"], check_data=True)
