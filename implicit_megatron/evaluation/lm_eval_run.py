@@ -10,6 +10,7 @@ package's registered class: no code of the folder runs), set to the same solver 
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 from implicit_megatron.evaluation.lm_eval_data import check_tasks
 from implicit_megatron.evaluation.lm_eval_options import LmEvalOptions
@@ -35,14 +36,17 @@ def hf_lm(loaded: LoadedModel, options: LmEvalOptions):
         raise ValueError(f"{loaded.source}: the hf backend needs an exported folder; write one with "
                          "tools/convert_checkpoint.py export")
     from lm_eval.models.huggingface import HFLM
-    from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
+    from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from implicit_megatron.hf.export import TOKENIZER_FILES
+
+    if not any((Path(loaded.source) / name).is_file() for name in TOKENIZER_FILES):
+        raise ValueError(f"{loaded.source}: the hf backend reads the export's own tokenizer, and it has none "
+                         f"({' or '.join(TOKENIZER_FILES)}); export again where data.tokenizer is at hand")
     model = AutoModelForCausalLM.from_pretrained(loaded.source).eval()
     model.to(loaded.model.embedding.weight.device)
     apply_solver(model._language_model[0], loaded.solver)
-    backend = loaded.tokenizer.backend
-    eos = backend.id_to_token(loaded.tokenizer.eod_id)
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, eos_token=eos, pad_token=eos)
+    tokenizer = AutoTokenizer.from_pretrained(loaded.source)  # what a transformers user of the folder gets
     return HFLM(pretrained=model, tokenizer=tokenizer, batch_size=options.batch_size,
                 max_length=options.max_length or loaded.cfg.data.seq_len, device=str(model.device))
 

@@ -93,7 +93,8 @@ def load_run_tokenizer(cfg: Config, export_folder: Path | None = None):
     from data_pipeline.tokenizer import load_tokenizer
 
     named = Path(cfg.data.tokenizer)
-    candidates = ([export_folder / n for n in ("tokenizer.json", "tokenizer.model", named.name)]
+    # a sentencepiece export holds tokenizer.model (the run's own) and its conversion, tokenizer.json
+    candidates = ([export_folder / n for n in ("tokenizer.model", "tokenizer.json", named.name)]
                   if export_folder is not None else [])
     candidates += [named, REPO_ROOT / named]
     for candidate in candidates:

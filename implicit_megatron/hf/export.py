@@ -30,6 +30,7 @@ from implicit_megatron.utils.typed_yaml import build_dataclass
 from implicit_megatron.utils.whole_folder import written_whole
 
 MODEL_FILE, CONFIG_FILE, MODELING_FILE = "model.safetensors", "config.json", "modeling_implicit_megatron.py"
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model")  # write_tokenizer writes one: byte-level BPE, sentencepiece
 CONFIG_KEY = "implicit_megatron"
 REPOSITORY = Path(__file__).resolve().parents[2]
 AUTO_MAP = {"AutoConfig": "modeling_implicit_megatron.ImplicitMegatronConfig",  # classes of MODELING_FILE
@@ -122,11 +123,13 @@ def write_tokenizer(source: Path, out: Path) -> int | None:
     from data_pipeline.tokenizer import load_tokenizer
 
     tokenizer = load_tokenizer(source)
-    if tokenizer.kind == "sentencepiece":  # transformers' own sentencepiece class: the same ids as ours
+    if tokenizer.kind == "sentencepiece":
         shutil.copy(source, out / "tokenizer.model")
         eos = tokenizer.backend.id_to_piece(tokenizer.eod_id)
         unk = tokenizer.backend.id_to_piece(tokenizer.backend.unk_id()) if tokenizer.backend.unk_id() >= 0 else eos
-        settings = {"tokenizer_class": "SentencePieceBackend", "eos_token": eos, "bos_token": eos, "unk_token": unk}
+        settings = {"eos_token": eos, "bos_token": eos, "unk_token": unk}
+        fast = write_fast_sentencepiece(out, tokenizer, settings)
+        settings["tokenizer_class"] = "PreTrainedTokenizerFast" if fast else "SentencePieceBackend"
     else:
         tokenizer.backend.save(str(out / "tokenizer.json"))
         eos = tokenizer.backend.id_to_token(tokenizer.eod_id)
@@ -136,6 +139,38 @@ def write_tokenizer(source: Path, out: Path) -> int | None:
     settings["model_input_names"] = ["input_ids", "attention_mask"]  # no token_type_ids: the model takes none
     (out / "tokenizer_config.json").write_text(json.dumps(settings, indent=2))
     return tokenizer.eod_id
+
+
+SENTENCEPIECE_PROBES = ("ROMEO: but soft, what light through yonder window breaks?", " a leading space",
+                        "two  spaces\nand a newline", "\tdigits 0123456789 and ünïcödé")
+
+
+def write_fast_sentencepiece(out: Path, tokenizer, settings: dict) -> bool:
+    """tokenizer.json beside tokenizer.model: transformers' own conversion of the sentencepiece model
+    (5.x converts it), which every transformers version loads as PreTrainedTokenizerFast; 4.x has no
+    class that reads a plain sentencepiece model with its ids. Written only where the conversion
+    gives sentencepiece's ids and text on the probes; False where it cannot be made here."""
+    try:
+        import transformers
+        from transformers import PreTrainedTokenizerFast
+    except ImportError:
+        return False
+    if int(transformers.__version__.split(".")[0]) < 5:
+        return False
+    config = out / "tokenizer_config.json"
+    config.write_text(json.dumps({**settings, "tokenizer_class": "PreTrainedTokenizerFast"}))
+    try:
+        fast = PreTrainedTokenizerFast.from_pretrained(str(out))
+        ids = [tokenizer.encode(text) for text in SENTENCEPIECE_PROBES]
+        same = all(fast(text)["input_ids"] == i for text, i in zip(SENTENCEPIECE_PROBES, ids, strict=True))
+        same = same and all(fast.decode(i) == tokenizer.decode(i) for i in ids)
+        if same:
+            fast.backend_tokenizer.save(str(out / "tokenizer.json"))
+        return same
+    except (ValueError, OSError, ImportError):
+        return False
+    finally:
+        config.unlink()
 
 
 def read_folder_config(folder: Path) -> Config:

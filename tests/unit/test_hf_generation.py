@@ -139,8 +139,12 @@ def test_the_export_tells_generate_its_end_of_document_and_padding_rows(exports)
 
 
 @pytest.mark.skipif(int(transformers.__version__.split(".")[0]) < 5,
-                    reason="transformers 4 has no generic sentencepiece tokenizer class for AutoTokenizer")
-def test_a_sentencepiece_export_tokenizes_as_the_run_did(exports, tmp_path):
+                    reason="transformers 4 cannot convert a sentencepiece model: its exports keep tokenizer.model only")
+@pytest.mark.parametrize("model_type", ["bpe", "unigram"])
+def test_a_sentencepiece_export_tokenizes_as_the_run_did(exports, tmp_path, model_type):
+    """The export carries tokenizer.json, transformers' conversion of the model, checked at export to
+    give its ids: transformers 4.x loads that file (through the tokenizers library, read here
+    directly) where it has no class for a plain sentencepiece model."""
     import shutil
 
     from data_pipeline.tokenizer import load_tokenizer
@@ -148,7 +152,7 @@ def test_a_sentencepiece_export_tokenizes_as_the_run_did(exports, tmp_path):
     from implicit_megatron.hf.export import CONFIG_FILE, MODELING_FILE, write_tokenizer
 
     texts = [f"ROMEO: line {i}, but soft what light through yonder window breaks" for i in range(200)]
-    model = train_sentencepiece(iter(texts), 400, str(tmp_path / "sp.model"), "bpe")
+    model = train_sentencepiece(iter(texts), 400, str(tmp_path / "sp.model"), model_type)
     folder = tmp_path / "export"
     folder.mkdir()
     for name in (CONFIG_FILE, MODELING_FILE):
@@ -159,6 +163,13 @@ def test_a_sentencepiece_export_tokenizes_as_the_run_did(exports, tmp_path):
     text = "ROMEO: but soft, what light through yonder window"
     assert tokenizer(text)["input_ids"] == ours.encode(text)
     assert eod == ours.eod_id == tokenizer.eos_token_id
+    import json
+
+    from tokenizers import Tokenizer
+
+    assert json.loads((folder / "tokenizer_config.json").read_text())["tokenizer_class"] == "PreTrainedTokenizerFast"
+    for line in (text, " leading", "tabs\tand\nlines 42"):
+        assert Tokenizer.from_file(str(folder / "tokenizer.json")).encode(line).ids == ours.encode(line)
 
 
 OLD_COPY = """
