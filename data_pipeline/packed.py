@@ -153,6 +153,27 @@ def build_eval_datasets(prefixes: Sequence[str], split: str, seq_lens: Sequence[
 # ------------------------------------------------------------------ shards and megatron-core objects
 
 
+def epochs_planned(prefixes: Sequence[str], weights: Sequence[float] | None, seq_len: int,
+                   num_samples: int) -> tuple[float, int]:
+    """(epochs, train tokens): how many times `num_samples` training samples of seq_len + 1 read the
+    train split, for the shard read most often under the blend's weights; and the split's tokens."""
+    _, shard_weights, tokens = _shards_with_weights(prefixes, weights, "train")
+    epochs = [num_samples * w / ((t - 1) // seq_len) if (t - 1) // seq_len > 0 else (math.inf if w else 0.0)
+              for w, t in zip(shard_weights, tokens, strict=True)]
+    return max(epochs, default=0.0), sum(tokens)
+
+
+def split_tokens(prefixes: Sequence[str], split: str) -> int:
+    """The tokens of one split over every prefix (0 where a prefix has none of it)."""
+    total = 0
+    for prefix in prefixes:
+        try:
+            total += sum(check_shard(shard).tokens for shard in find_shards(prefix, split))
+        except FileNotFoundError:  # made without this split (--valid-fraction 0, say)
+            continue
+    return total
+
+
 def _shards_with_weights(prefixes: Sequence[str], weights: Sequence[float] | None,
                          split: str) -> tuple[list[str], list[float], list[int]]:
     shards: list[str] = []

@@ -53,17 +53,36 @@ def check(cfg: Config, check_files: bool = True, check_data: bool = False) -> No
 
 def notes(cfg: Config) -> list[str]:
     """What a user should know before the launch that is not an error (the pre-launch check prints
-    them): where the packed-sample index cache goes when the shards' folder takes no files."""
-    if cfg.task.kind != "language_model" or not cfg.data.prefixes or cfg.data.index_cache is not None:
+    them): a plan that reads the training data more than once; where the packed-sample index cache
+    goes when the shards' folder takes no files."""
+    if cfg.task.kind != "language_model" or not cfg.data.prefixes:
         return []
+    found = []
+    repeats = epochs_warning(cfg)
+    if repeats is not None:
+        found.append(repeats)
+    if cfg.data.index_cache is not None:
+        return found
     from data_pipeline.packed import index_cache_dir
 
     where = index_cache_dir(cfg.data.prefixes)
     beside = os.path.join(os.path.dirname(os.path.abspath(cfg.data.prefixes[0])), "index-cache")
-    if where == beside:
-        return []
-    return [f"the shards of data.prefixes[0] are in a folder this user cannot write ({os.path.dirname(beside)}): "
-            f"their packed-sample index cache goes to {where} (data.index_cache names another place)"]
+    if where != beside:
+        found.append(f"the shards of data.prefixes[0] are in a folder this user cannot write "
+                     f"({os.path.dirname(beside)}): their packed-sample index cache goes to {where} "
+                     f"(data.index_cache names another place)")
+    return found
+
+
+def epochs_warning(cfg: Config) -> str | None:
+    """The data summary's warning where the shards are there to count (not before a first build)."""
+    from data_pipeline.shard_check import ShardError
+    from implicit_megatron.train.data import data_summary
+
+    try:
+        return data_summary(cfg)[1]
+    except (FileNotFoundError, ShardError, ValueError):  # not built yet, or refused by the data check
+        return None
 
 
 def validate_output(cfg: Config, fail) -> None:

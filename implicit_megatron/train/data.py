@@ -28,6 +28,25 @@ def prepare_shards(cfg: Config) -> None:
         raise RunRefused(f"data.source: {err}") from None
 
 
+def data_summary(cfg: Config) -> tuple[str, str | None]:
+    """(one line: tokens per split, planned tokens and the epochs they make; a warning or None).
+    The plan reads steps x global batch samples of seq_len + 1 tokens (seq_len new tokens each)."""
+    from data_pipeline.packed import epochs_planned, split_tokens
+
+    samples = cfg.train.steps * cfg.train.global_batch_size
+    epochs, train = epochs_planned(cfg.data.prefixes, cfg.data.weights, cfg.data.seq_len, samples)
+    valid, test = (split_tokens(cfg.data.prefixes, split) for split in ("valid", "test"))
+    planned = samples * cfg.data.seq_len
+    line = (f"[data] train {train:,} tokens, valid {valid:,}, test {test:,}; the plan reads {planned:,} "
+            f"({cfg.train.steps:,} steps x {cfg.train.global_batch_size} x {cfg.data.seq_len}): "
+            f"{epochs:.2f} epochs of the train split")
+    if epochs <= 1:
+        return line, None
+    return line, (f"train.steps={cfg.train.steps} reads the training data {epochs:.1f} times (train {train:,} "
+                  f"tokens, the plan {planned:,}): later epochs repeat the same samples; add data or lower "
+                  f"train.steps")
+
+
 def train_batches(cfg: Config, dp_rank: int, dp_size: int, grad_accum: int) -> DistributedBatchIterator:
     dataset = build_packed_dataset(cfg.data.prefixes, cfg.data.weights, "train", seq_len=cfg.data.seq_len,
                                    seed=cfg.data.seed, num_samples=cfg.train.steps * cfg.train.global_batch_size,

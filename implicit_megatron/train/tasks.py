@@ -36,9 +36,15 @@ class LanguageModelTask:
         self.cfg = cfg
 
     def prepare(self) -> None:
-        from implicit_megatron.train.data import prepare_shards
+        """(Rank 0) the shards built where data.source asks, then the data summary: tokens per split,
+        planned tokens and the epochs they make, with a warning above one epoch."""
+        from implicit_megatron.train.data import data_summary, prepare_shards
 
         prepare_shards(self.cfg)
+        line, warning = data_summary(self.cfg)
+        print(line, flush=True)  # beside the trainer's own lines
+        if warning is not None:
+            logging.getLogger(__name__).warning(warning)
 
     def train_batches(self, rank: int, world: int, accum: int) -> DistributedBatchIterator:
         from implicit_megatron.train.data import train_batches
