@@ -121,7 +121,8 @@ def encode_batch(tokenizer: Tokenizer, settings: EncodeSettings, batch: RawBatch
                 skipped.append((i, reason, batch.location(i)))
             continue
         texts.append(text)
-        doc_splits.append(split_index[split_of(raw, settings.valid_fraction, settings.test_fraction)])
+        split = batch.split or split_of(raw, settings.valid_fraction, settings.test_fraction)
+        doc_splits.append(split_index[split])
         doc_bytes.append(len(raw))
         doc_items.append(i)
     ids = tokenizer.encode_batch(texts) if texts else []

@@ -26,7 +26,7 @@ from data_pipeline.merge import merge_split
 from data_pipeline.parts import reuse_finished, write_json_atomic, write_parts
 from data_pipeline.plan import Plan, PreprocessConfig, PreprocessError, plan_run
 from data_pipeline.progress import Progress
-from data_pipeline.sources import first_record_fields
+from data_pipeline.sources import dataset_dict_splits, first_record_fields
 from data_pipeline.splits import SPLITS
 from data_pipeline.stats import Counts, throughput
 from data_pipeline.workers import EncoderPool
@@ -41,6 +41,12 @@ def run_preprocess(config: PreprocessConfig) -> dict:
         raise RuntimeError("preprocessing was started again by a worker process re-running the main "
                            "script; put the script's entry point under `if __name__ == '__main__':`")
     plan = plan_run(config)
+    for spec in plan.specs:
+        splits = dataset_dict_splits(spec.location) if spec.kind == "disk" else None
+        if splits:
+            used = ", ".join(f"{theirs} -> {ours}" for theirs, ours in splits.items())
+            _say(f"{spec.location}: a DatasetDict; its splits are used as they are ({used}); --valid-fraction and "
+                 f"--test-fraction do not apply to it")
     with exclusive_lock(f"{plan.prefix}.lock"):
         finished = _finished_stats(plan)
         if finished is not None:

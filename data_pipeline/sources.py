@@ -27,6 +27,10 @@ FORMATS_HELP = ("JSON lines (.jsonl/.json, optionally .zst/.gz/.xz), .parquet, a
                 "folder, or hf:NAME[:CONFIG][#SPLIT] for a hub dataset")
 
 
+# a datasets DatasetDict's split names -> the shards' splits: its splits are used as they are
+DATASET_SPLITS = {"train": "train", "validation": "valid", "valid": "valid", "dev": "valid", "test": "test"}
+
+
 class InputError(ValueError):
     """An input argument that cannot be used (no match, unknown format); found before any work."""
 
@@ -57,6 +61,7 @@ class RawBatch:
     first: int
     kind: str  # "chunk": undecoded JSON lines in one bytes block; "values": the text field's values
     items: Any  # bytes, a list of values, or a pyarrow Array
+    split: str | None = None  # the split every record goes to (a DatasetDict's); None: by hash of its text
 
     def records(self) -> list:
         """One entry per line or row: the raw line (bytes) or the text field's value."""
@@ -110,11 +115,34 @@ def resolve_inputs(patterns: list[str]) -> list[InputSpec]:
             kind = kind_of(match)
             if kind is None:
                 raise InputError(f"--input: unknown input format: {match} (expected {FORMATS_HELP})")
+            if kind == "disk":
+                dataset_dict_splits(match)  # a split that is none of ours is refused before any work
             key = match if kind == "hub" else os.path.realpath(match)
             if key not in seen:
                 seen.add(key)
                 specs.append(InputSpec(match, kind))
     return specs
+
+
+def dataset_dict_splits(path: str) -> dict[str, str] | None:
+    """{its split: ours} of a DatasetDict's save_to_disk folder (None for a single Dataset's): each
+    record goes to the split its own split names, never re-split by hash with the others."""
+    import json
+
+    marker = Path(path) / "dataset_dict.json"
+    if not marker.is_file():
+        return None
+    try:
+        names = list(json.loads(marker.read_text())["splits"])
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        raise InputError(f"--input: {marker}: not a datasets DatasetDict description ({err})") from None
+    unknown = [name for name in names if name not in DATASET_SPLITS]
+    if unknown:
+        raise InputError(f"--input: {path} is a DatasetDict with the split(s) {', '.join(unknown)}, which are none of "
+                         f"train, validation (valid, dev) or test: give the folder of each split to use instead "
+                         f"(--input {os.path.join(path, unknown[0])}), whose documents --valid-fraction and "
+                         f"--test-fraction then split")
+    return {name: DATASET_SPLITS[name] for name in names}
 
 
 def first_record_fields(spec: InputSpec) -> list[str] | None:
@@ -262,8 +290,9 @@ def _disk_batches(path: str, text_key: str, batch_docs: int, done: list[int]) ->
         if text_key not in dataset.column_names:
             yield from _missing_field(source, dataset.num_rows, batch_docs, done)
             continue
+        split = DATASET_SPLITS[name] if name else None
         for table in dataset.select_columns([text_key]).with_format("arrow").iter(batch_size=batch_docs):
-            yield RawBatch(source, "row", done[0], "values", table.column(0).combine_chunks())
+            yield RawBatch(source, "row", done[0], "values", table.column(0).combine_chunks(), split)
             done[0] += table.num_rows
 
 

@@ -50,7 +50,7 @@ def test_columnar_inputs_skip_bad_values(tmp_path, neox, neox_path, small_texts,
     pq.write_table(pa.table({"body": ["x", "y"]}), no_column)
     dict_dir = tmp_path / "dict_saved"
     datasets.DatasetDict({"train": datasets.Dataset.from_dict({"text": [good[1], "  "]}),
-                          "extra": datasets.Dataset.from_dict({"text": [good[2]]})}).save_to_disk(str(dict_dir))
+                          "test": datasets.Dataset.from_dict({"text": [good[2]]})}).save_to_disk(str(dict_dir))
 
     prefix = tmp_path / "out" / "neox"
     stats = run_preprocess(PreprocessConfig(
@@ -62,6 +62,36 @@ def test_columnar_inputs_skip_bad_values(tmp_path, neox, neox_path, small_texts,
     assert stats["skipped_examples"]["missing_text"] == [f"{binary}:row 2", f"{no_column}:row 0",
                                                           f"{no_column}:row 1"]
     assert stats["skipped_examples"]["empty_text"] == [f"{binary}:row 3", f"{dict_dir}[train]:row 1"]
-    expected = expected_split_docs(neox, [good[0], good[2], good[1]], 0.3, 0.3)  # DatasetDict: sorted splits
+    expected = expected_split_docs(neox, [good[0]], 0.3, 0.3)  # a DatasetDict's records keep their split:
+    expected["test"] += expected_split_docs(neox, [good[2]], 0, 0)["train"]  # its splits in sorted order
+    expected["train"] += expected_split_docs(neox, [good[1]], 0, 0)["train"]
     for split in SPLITS:
         assert read_split(str(prefix), split) == expected[split]
+
+
+def test_a_dataset_dicts_splits_are_used_as_they_are(tmp_path, neox_path, small_texts, read_split, capsys):
+    """train 150 + validation 40 give the shards' train and valid splits, not 190 documents split again
+    by hash; a split that is none of ours is refused before any work, naming the folder to give."""
+    import datasets
+    import pytest
+
+    from data_pipeline.plan import PreprocessError
+
+    texts = [f"{small_texts[i % len(small_texts)]} ({i})" for i in range(190)]
+    folder = tmp_path / "saved"
+    datasets.DatasetDict({"train": datasets.Dataset.from_dict({"text": texts[:150]}),
+                          "validation": datasets.Dataset.from_dict({"text": texts[150:]})}).save_to_disk(str(folder))
+    prefix = tmp_path / "out" / "neox"
+    config = PreprocessConfig(inputs=[str(folder)], tokenizer=neox_path, output_prefix=str(prefix), append_eod=True,
+                              valid_fraction=0.1, test_fraction=0.1, workers=0, progress=False)
+    run_preprocess(config)
+    assert [len(read_split(str(prefix), split)) for split in ("train", "valid")] == [150, 40]
+    assert not (tmp_path / "out" / "neox_test.bin").exists()
+    assert "its splits are used as they are (train -> train, validation -> valid)" in capsys.readouterr().err
+    other = tmp_path / "unsupervised"
+    datasets.DatasetDict({"train": datasets.Dataset.from_dict({"text": texts[:5]}),
+                          "unsupervised": datasets.Dataset.from_dict({"text": texts[5:9]})}).save_to_disk(str(other))
+    with pytest.raises(PreprocessError, match=f"split\\(s\\) unsupervised.*--input {other}/unsupervised"):
+        run_preprocess(PreprocessConfig(inputs=[str(other)], tokenizer=neox_path,
+                                        output_prefix=str(tmp_path / "other" / "neox"), workers=0, progress=False))
+    assert not (tmp_path / "other").exists()
