@@ -120,6 +120,8 @@ interrupted() {
   fi
   kill -KILL -- "-$child" 2>/dev/null || true
   echo "pretrain.sh: stopped at once by a second Ctrl-C: what was trained since the last checkpoint is lost" >&2
+  trap '' INT  # the ranks could not record their end in MLflow: it is recorded here, once
+  "$PYTHON" -m implicit_megatron.tracking.end_run "$outdir" KILLED || true
   exit 130
 }
 launch() {

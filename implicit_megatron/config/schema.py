@@ -264,8 +264,10 @@ class WandbConfig:
 @dataclass
 class TrackingConfig:
     enabled: bool = True  # MLflow
-    uri: str | None = None  # None: a local sqlite store in train.output_dir
-    experiment: str = "implicit-megatron"  # MLflow experiment name
+    uri: str | None = None  # None: MLFLOW_TRACKING_URI, else a local sqlite store in train.output_dir
+    experiment: str = "implicit-megatron"  # MLflow experiment name (unset: MLFLOW_EXPERIMENT_NAME, else this)
+    # CPU, memory, disk, network and GPU use as MLflow system metrics (MLFLOW_ENABLE_SYSTEM_METRICS_LOGGING too)
+    system_metrics: bool = False
     tensorboard: bool = False  # every metric also into <output_dir>/tensorboard/ (rank 0)
     wandb: WandbConfig = field(default_factory=WandbConfig)
 

@@ -23,19 +23,10 @@ from pathlib import Path
 
 from implicit_megatron.config import Config
 from implicit_megatron.tracking.dashboards import Dashboards
+from implicit_megatron.tracking.run_record import EXPERIMENT_KIND, config_params, dataset_inputs, run_tags
 from implicit_megatron.utils.safe_write import replace_text
 
 RUN_ID_FILE = "mlflow_run_id"
-
-
-def flatten(data: dict, prefix: str = "") -> dict[str, str]:
-    out = {}
-    for key, value in data.items():
-        if isinstance(value, dict):
-            out.update(flatten(value, f"{prefix}{key}."))
-        else:
-            out[f"{prefix}{key}"] = str(value)[:6000]
-    return out
 
 
 STORE = "mlflow.db"
@@ -129,21 +120,45 @@ def local_store(out: Path) -> Path:
 
 class Tracker:
     """MLflow (tracking.enabled) and the dashboards a config asks for (TensorBoard, Weights & Biases),
-    on rank 0; does nothing elsewhere, and never stops the run."""
+    on rank 0; does nothing elsewhere, and never stops the run. The MLflow run is opened (RUNNING)
+    when training begins, so a launch stopped before that leaves no run RUNNING."""
 
     def __init__(self, cfg: Config, active: bool):
-        self.run_id = None
+        self.run_id, self.phase, self.logged_up_to, self.system = None, None, 0, None
         self.cfg, self.active = cfg, active
         self.dashboards = Dashboards()
-        if not (active and cfg.tracking.enabled):
+
+    def _open(self, cfg: Config, step: int, parameters: int | None) -> None:
+        if not (self.active and cfg.tracking.enabled):
             return
         try:
-            self._start(cfg)
+            self._start(cfg, parameters)
+            if step and self.run_id is not None:  # a resume: steps MLflow holds already are not sent again
+                history = self.client.get_metric_history(self.run_id, "train/loss")
+                self.logged_up_to = max((m.step for m in history), default=0)
+            self._start_system_metrics(cfg)
         except Exception as err:  # noqa: BLE001 - tracking must never stop a run or its resume
             _warn(f"MLflow tracking is off for this launch ({_first_line(err)}); metrics.jsonl keeps every metric")
             self.run_id = None
 
-    def _start(self, cfg: Config) -> None:
+    def _start_system_metrics(self, cfg: Config) -> None:
+        """CPU, memory, disk, network and GPU use every 10 s (MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL),
+        where tracking.system_metrics or MLflow's own switch (MLFLOW_ENABLE_SYSTEM_METRICS_LOGGING) asks."""
+        from mlflow.environment_variables import (
+            MLFLOW_ENABLE_SYSTEM_METRICS_LOGGING,
+            MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL,
+        )
+
+        if self.run_id is None or not (cfg.tracking.system_metrics or MLFLOW_ENABLE_SYSTEM_METRICS_LOGGING.get()):
+            return
+        from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
+
+        self.system = SystemMetricsMonitor(self.run_id, MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL.get() or 10,
+                                           resume_logging=self.logged_up_to > 0,
+                                           tracking_uri=self.client.tracking_uri)
+        self.system.start()
+
+    def _start(self, cfg: Config, parameters: int | None) -> None:
         os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
         os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
         from mlflow import MlflowClient
@@ -156,7 +171,8 @@ class Tracker:
         experiment = self.client.get_experiment_by_name(cfg.tracking.experiment)
         if experiment is None:  # a server keeps artifacts where it is configured to; a local store beside it
             location = (out / "mlflow-artifacts").as_uri() if local else None
-            experiment_id = self.client.create_experiment(cfg.tracking.experiment, artifact_location=location)
+            experiment_id = self.client.create_experiment(cfg.tracking.experiment, artifact_location=location,
+                                                          tags=EXPERIMENT_KIND)
         else:
             experiment_id = experiment.experiment_id
             refuse_outside(local and artifacts_outside(out, experiment.artifact_location,
@@ -174,7 +190,9 @@ class Tracker:
                 self.client.update_run(run_id, status="RUNNING")
                 self.run_id = run_id
                 return
-        run = self.client.create_run(experiment_id, run_name=cfg.name)
+        # one name per run, kept by its resumes (they continue this MLflow run)
+        run = self.client.create_run(experiment_id, run_name=f"{cfg.name}-{time.strftime('%Y%m%d-%H%M%S')}",
+                                     tags=run_tags(cfg, parameters))
         self.run_id = run.info.run_id
         self._log_config(cfg, out)
         replace_text(id_file, self.run_id + "\n")
@@ -182,19 +200,33 @@ class Tracker:
     def _log_config(self, cfg: Config, out: Path) -> None:
         from mlflow.entities import Param
 
-        params = [Param(k, v) for k, v in flatten(cfg.to_dict()).items()]
+        params = [Param(k, v) for k, v in config_params(cfg).items()]
         for i in range(0, len(params), 100):
             self.client.log_batch(self.run_id, params=params[i:i + 100])
+        if cfg.task.kind == "language_model" and cfg.data.prefixes:
+            self.client.log_inputs(self.run_id, datasets=dataset_inputs(cfg))
         self.client.log_artifact(self.run_id, str(out / RUN_CONFIG))  # written by the trainer
 
-    def begin(self, step: int) -> None:
-        """Training starts (again) at `step`: the dashboards open, a resumed one continuing its curves."""
+    def begin(self, step: int, parameters: int | None = None) -> None:
+        """Training starts (again) at `step`: the MLflow run opens (a new one, or the run this folder
+        names, continued), the dashboards open, a resumed one continuing its curves."""
+        self._open(self.cfg, step, parameters)
         if self.active:
             self.dashboards.start(self.cfg, step)
 
+    def set_phase(self, name: str | None) -> None:
+        """The curriculum phase being trained, as the run's `phase` tag (set when it changes)."""
+        if name == self.phase or self.run_id is None:
+            return
+        self.phase = name
+        try:
+            self.client.set_tag(self.run_id, "phase", name or "")
+        except Exception as err:  # noqa: BLE001
+            _warn(f"MLflow could not record the phase ({_first_line(err)})")
+
     def log(self, metrics: dict[str, float], step: int) -> None:
         self.dashboards.log(metrics, step)
-        if self.run_id is None:
+        if self.run_id is None or step <= self.logged_up_to:  # sent before a kill and the resume that redid it
             return
         from mlflow.entities import Metric
 
@@ -206,9 +238,31 @@ class Tracker:
             self.run_id = None
 
     def finish(self, status: str = "FINISHED") -> None:
+        """The run's end (FINISHED, KILLED or FAILED), recorded first and with Ctrl-C held off, so
+        that a second Ctrl-C while the dashboards close cannot leave the run RUNNING."""
+        with _interrupts_held():
+            if self.system is not None:
+                self.system.finish()
+                self.system = None
+            if self.run_id is not None:
+                try:
+                    self.client.set_terminated(self.run_id, status=status)
+                except Exception as err:  # noqa: BLE001
+                    _warn(f"MLflow could not record the run's end ({_first_line(err)})")
         self.dashboards.finish(status)
-        if self.run_id is not None:
-            try:
-                self.client.set_terminated(self.run_id, status=status)
-            except Exception as err:  # noqa: BLE001
-                _warn(f"MLflow could not record the run's end ({_first_line(err)})")
+
+
+@contextlib.contextmanager
+def _interrupts_held():
+    """SIGINT held (delivered on leaving) on the main thread; elsewhere nothing to hold."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)

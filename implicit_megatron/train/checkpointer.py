@@ -43,6 +43,7 @@ from implicit_megatron.checkpoints.weights import model_settings_changed
 from implicit_megatron.config import Config
 from implicit_megatron.errors import RunRefused, RunStopped
 from implicit_megatron.tracking.metrics_file import drop_metrics_after
+from implicit_megatron.tracking.run_record import git_state
 from implicit_megatron.train.handoff import (
     Source,
     find_source,
@@ -134,6 +135,7 @@ def save(engine, cfg: Config, tag: str, client_state: dict, val_loss: float | No
     folder = checkpoint_dir(cfg)
     tag = tag_dir(folder, tag).name  # a plain name: the folders below never leave `folder`
     client_state = {**client_state, "config": cfg.to_dict(), "data_signature": data_signature(cfg),
+                    "git_commit": git_state().get("commit"),  # the code that trained it, where a git checkout
                     # lets DeepSpeed's ds_to_universal convert it (pure data parallelism: no TP/PP patterns)
                     UNIVERSAL_INFO: {"universal_checkpoint_version": 0.4}}
     rank, partial = dist.get_rank(), PARTIAL + tag

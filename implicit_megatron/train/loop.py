@@ -27,6 +27,7 @@ from implicit_megatron.checkpoints.layout import checkpoint_dir
 from implicit_megatron.config import Config
 from implicit_megatron.models.lm import seq_idx_from_eod
 from implicit_megatron.tracking.metrics_file import read_metrics
+from implicit_megatron.tracking.run_record import apply_environment
 from implicit_megatron.train import callbacks, stopping
 from implicit_megatron.train.checkpointer import Checkpointer
 from implicit_megatron.train.curriculum import Phases
@@ -62,6 +63,7 @@ class Trainer:
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
         self.callbacks = callbacks.registered()
         self.task = build_task(cfg)
+        apply_environment(cfg)  # MLflow's own variables, where the config sets no store or experiment
         if self.rank == 0:
             out = Path(cfg.output_dir)
             out.mkdir(parents=True, exist_ok=True)
@@ -124,12 +126,13 @@ class Trainer:
             self.reporter.tracker.finish("FINISHED")
             return
         status, t, p = "FINISHED", self.cfg.train, self.progress
-        self.reporter.begin(start, end)
+        self.reporter.begin(start, end, sum(param.numel() for param in self.model.parameters()))
         try:
             self.interval.reset()
             for step in range(start, end):
                 self.stall.doing(f"step {step + 1}")
                 self.phases.apply(step, self.engine.module.core, p)
+                self.reporter.tracker.set_phase(getattr(self.phases.at(step), "name", None))
                 self.train_step(step)
                 if p.step % t.log_interval == 0 or p.step == end or self.preemption.agreed:
                     self.reporter.report(self.interval_metrics(), p.step, self.engine.module.core.settings)
@@ -154,6 +157,9 @@ class Trainer:
                     self.stall.doing(f"the checkpoint of step {p.step}")
                     self.save()
             self.reporter.summary(p.step, p.skipped_steps)
+        except KeyboardInterrupt:  # a second Ctrl-C (the first asks for a saved stop)
+            status = "KILLED"
+            raise
         except BaseException:
             status = "FAILED"
             raise

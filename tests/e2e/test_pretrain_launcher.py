@@ -180,7 +180,8 @@ def test_ctrl_c_stops_with_a_checkpoint_and_a_second_one_at_once(shakespeare_sha
     stopped = json.loads((tmp_path / "once" / "preempted.json").read_text())
     assert stopped["reason"] == "SIGINT (Ctrl-C)" and stopped["checkpoint"] == f"bounded-step{stopped['step']}"
 
-    twice = start(tmp_path / "twice", shakespeare_shards, env=faults(seconds_per_step=3))  # a step outlasts Ctrl-C
+    twice = start(tmp_path / "twice", shakespeare_shards, "tracking.enabled=true",
+                  env=faults(seconds_per_step=3))  # a step outlasts Ctrl-C
     wait_for_steps(twice, tmp_path / "twice", steps=1)
     processes = psutil.Process(twice.pid).children(recursive=True)
     os.killpg(twice.pid, signal.SIGINT)
@@ -195,6 +196,10 @@ def test_ctrl_c_stops_with_a_checkpoint_and_a_second_one_at_once(shakespeare_sha
     assert not (tmp_path / "twice" / "preempted.json").exists()
     gone, alive = psutil.wait_procs(processes, timeout=30)
     assert not alive, [p.pid for p in alive]
+    from mlflow import MlflowClient  # the killed ranks' run does not stay RUNNING
+
+    run_id = (tmp_path / "twice" / "mlflow_run_id").read_text().strip()
+    assert MlflowClient(f"sqlite:///{tmp_path / 'twice' / 'mlflow.db'}").get_run(run_id).info.status == "KILLED"
 
 
 @pytest.mark.distributed

@@ -43,6 +43,7 @@ def test_an_unopenable_store_is_moved_aside_and_the_run_goes_on(tmp_path, capsys
         db.write_bytes(b"\x00garbage" * 100)
     (tmp_path / tracker_module.RUN_ID_FILE).write_text("0123456789abcdef\n")  # the broken store's run
     tracker = Tracker(config(tmp_path), active=True)
+    tracker.begin(0)
     tracker.log({"train/loss": 3.0}, 1)
     tracker.finish()
     out = capsys.readouterr().out
@@ -67,6 +68,7 @@ def test_a_store_is_complete_or_not_there(tmp_path, monkeypatch, capsys):
     assert list(tmp_path.glob(f"{STORE}.creating-*"))
     monkeypatch.setattr(MlflowClient, "search_experiments", real)
     tracker = Tracker(config(tmp_path), active=True)  # the next launch: leftovers go, a store is made
+    tracker.begin(0)
     tracker.log({"train/loss": 2.0}, 1)
     assert not list(tmp_path.glob(f"{STORE}.creating-*")) and logged(tmp_path) == [2.0]
     assert "warning" not in capsys.readouterr().out
@@ -80,6 +82,7 @@ def test_any_other_tracking_failure_leaves_the_run_without_mlflow(tmp_path, caps
     os.environ["MLFLOW_HTTP_REQUEST_MAX_RETRIES"] = "0"
     try:
         tracker = Tracker(cfg, active=True)
+        tracker.begin(0)
     finally:
         del os.environ["MLFLOW_HTTP_REQUEST_MAX_RETRIES"]
     tracker.log({"train/loss": 1.0}, 1)
@@ -204,6 +207,7 @@ def test_a_received_store_that_keeps_artifacts_elsewhere_is_not_written_to(tmp_p
         client.create_experiment("implicit-megatron", artifact_location=(out / "mlflow-artifacts").as_uri())
         (out / tracker_module.RUN_ID_FILE).write_text(client.create_run(theirs).info.run_id + "\n")
     tracker = Tracker(config(out), active=True)
+    tracker.begin(0)
     tracker.log({"train/loss": 3.0}, 1)
     tracker.finish()
     assert tracker.run_id is None and not any(outside.iterdir())

@@ -1,0 +1,142 @@
+"""A training run as MLflow's users expect to find it, read back through MlflowClient: who ran which
+commit, tags to filter by, the shards as dataset inputs, one parameter per config field, a name of
+its own kept across resumes, an end status, each step's metrics once, MLflow's own environment
+variables and its system metrics switch."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from mlflow import MlflowClient
+from support.processes import ROOT
+
+from implicit_megatron import load_config
+from implicit_megatron.tracking.run_record import apply_environment, git_state
+from implicit_megatron.tracking.tracker import RUN_ID_FILE, STORE, Tracker
+
+
+def config(out, shards, *extra):
+    cfg = load_config(ROOT / "configs/tiny/mamba2-implicit.yaml",
+                      [f"train.output_dir={out}", f"data.prefixes=[{shards}]", "data.source=null", *extra],
+                      check_files=False)
+    (out / "config.yaml").parent.mkdir(parents=True, exist_ok=True)
+    (out / "config.yaml").write_text("name: x\n")
+    return cfg
+
+
+def the_run(out):
+    client = MlflowClient(tracking_uri=f"sqlite:///{out / STORE}")
+    return client, client.get_run((out / RUN_ID_FILE).read_text().strip())
+
+
+def train(cfg, start: int, steps, value: float, status: str, phase: str = "bounded") -> None:
+    tracker = Tracker(cfg, active=True)
+    tracker.begin(start, parameters=1_234_567)
+    tracker.set_phase(phase)
+    for step in steps:
+        tracker.log({"train/loss": value + step}, step)
+    tracker.finish(status)
+
+
+def test_a_run_records_who_what_and_which_data(tmp_path, shakespeare_shards):
+    cfg = config(tmp_path, shakespeare_shards)
+    train(cfg, 0, range(1, 5), 10.0, "KILLED")
+    client, run = the_run(tmp_path)
+    tags = run.data.tags
+    assert tags["mlflow.user"] and tags["mlflow.source.type"] == "LOCAL"
+    assert tags["mlflow.source.name"] == "implicit_megatron.train"
+    assert tags["mlflow.source.git.commit"] == git_state()["commit"] and len(tags["mlflow.source.git.commit"]) == 40
+    assert (tags["architecture"], tags["implicit"], tags["size"], tags["phase"]) == ("mamba2", "true", "1.23M",
+                                                                                      "bounded")
+    assert tags["curriculum"] == " -> ".join(f"{p.name} ({p.max_iter}+{p.phantom_steps})"
+                                             for p in cfg.curriculum.phases)
+    assert run.info.run_name.startswith(f"{cfg.name}-") and run.info.status == "KILLED"
+    params = run.data.params
+    assert "curriculum.phases" not in params
+    for i, phase in enumerate(cfg.curriculum.phases):
+        assert params[f"curriculum.phases.{i}.name"] == phase.name
+        assert params[f"curriculum.phases.{i}.max_iter"] == str(phase.max_iter)
+    (data,) = run.inputs.dataset_inputs
+    assert data.dataset.name == "neox" and data.dataset.source_type == "local" and len(data.dataset.digest) == 16
+    assert '"train_tokens": ' in data.dataset.profile
+    assert {t.key: t.value for t in data.tags}["mlflow.data.context"] == "training"
+    experiment = client.get_experiment(run.info.experiment_id)
+    assert experiment.tags["mlflow.experimentKind"] == "custom_model_development"  # not the GenAI view
+
+
+def test_a_resume_keeps_the_name_and_sends_no_step_twice(tmp_path, shakespeare_shards):
+    """Steps 1-4, killed; the resume from step 2 trains 3-5 again: MLflow holds each step once."""
+    cfg = config(tmp_path, shakespeare_shards)
+    train(cfg, 0, range(1, 5), 10.0, "KILLED")
+    _, first = the_run(tmp_path)
+    train(cfg, 2, range(3, 6), 100.0, "FINISHED", phase="free")
+    client, run = the_run(tmp_path)
+    history = client.get_metric_history(run.info.run_id, "train/loss")
+    assert sorted(m.step for m in history) == [1, 2, 3, 4, 5]
+    assert run.info.run_name == first.info.run_name and run.info.status == "FINISHED"
+    assert run.data.tags["phase"] == "free"
+
+
+def test_two_runs_of_one_config_get_two_names(tmp_path, shakespeare_shards):
+    names = []
+    for folder in ("a", "b"):
+        train(config(tmp_path / folder, shakespeare_shards), 0, [1], 1.0, "FINISHED")
+        names.append(the_run(tmp_path / folder)[1].info.run_name)
+        time.sleep(1.1)
+    assert names[0] != names[1]
+
+
+def test_mlflows_environment_names_the_store_and_experiment_unless_the_config_does(tmp_path, shakespeare_shards,
+                                                                                  monkeypatch):
+    store = tmp_path / "elsewhere.db"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{store}")
+    monkeypatch.setenv("MLFLOW_EXPERIMENT_NAME", "from-the-environment")
+    cfg = config(tmp_path / "run", shakespeare_shards)
+    apply_environment(cfg)
+    assert (cfg.tracking.uri, cfg.tracking.experiment) == (f"sqlite:///{store}", "from-the-environment")
+    train(cfg, 0, [1], 1.0, "FINISHED")
+    client = MlflowClient(tracking_uri=f"sqlite:///{store}")
+    (run,) = client.search_runs([client.get_experiment_by_name("from-the-environment").experiment_id])
+    assert run.info.status == "FINISHED" and not (tmp_path / "run" / STORE).exists()
+    named = config(tmp_path / "named", shakespeare_shards, "tracking.experiment=mine", "tracking.uri=sqlite:///x.db")
+    apply_environment(named)
+    assert (named.tracking.uri, named.tracking.experiment) == ("sqlite:///x.db", "mine")
+
+
+@pytest.mark.parametrize("switch", ["config", "environment"])
+def test_system_metrics_when_asked(tmp_path, shakespeare_shards, monkeypatch, switch):
+    monkeypatch.setenv("MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL", "1")
+    extra = ["tracking.system_metrics=true"] if switch == "config" else []
+    if switch == "environment":
+        monkeypatch.setenv("MLFLOW_ENABLE_SYSTEM_METRICS_LOGGING", "true")
+    tracker = Tracker(config(tmp_path, shakespeare_shards, *extra), active=True)
+    tracker.begin(0)
+    time.sleep(2.5)
+    tracker.finish()
+    _, run = the_run(tmp_path)
+    assert {"system/cpu_utilization_percentage", "system/system_memory_usage_megabytes"} <= set(run.data.metrics)
+
+
+def test_no_system_metrics_unless_asked(tmp_path, shakespeare_shards, monkeypatch):
+    monkeypatch.delenv("MLFLOW_ENABLE_SYSTEM_METRICS_LOGGING", raising=False)
+    train(config(tmp_path, shakespeare_shards), 0, [1], 1.0, "FINISHED")
+    assert not [k for k in the_run(tmp_path)[1].data.metrics if k.startswith("system/")]
+
+
+def test_end_run_records_a_killed_launch_once(tmp_path, shakespeare_shards):
+    """What pretrain.sh runs after a second Ctrl-C killed the ranks before they could record it."""
+    import subprocess
+    import sys
+
+    cfg = config(tmp_path, shakespeare_shards)
+    tracker = Tracker(cfg, active=True)
+    tracker.begin(0)
+    tracker.log({"train/loss": 1.0}, 1)  # then the ranks are killed: no finish()
+    assert the_run(tmp_path)[1].info.status == "RUNNING"
+    command = [sys.executable, "-m", "implicit_megatron.tracking.end_run", str(tmp_path), "KILLED"]
+    first = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert first.returncode == 0 and "recorded as KILLED" in first.stderr
+    assert the_run(tmp_path)[1].info.status == "KILLED"
+    again = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert again.returncode == 0 and "had ended already" in again.stderr
