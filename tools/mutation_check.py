@@ -137,7 +137,7 @@ BREAKS = [
           ("tests/unit/implicit/test_cuda_graphs.py::test_a_graph_that_computes_something_else_is_caught_at_its_first_use",),
           "captured graphs are used without their first-use check"),
     Break("eviction-drops-norms", "implicit_megatron/implicit/core.py",
-          "                self._graphs = {k: g for k, g in self._graphs.items() if k == NORMS}",
+          "                self._graphs = {k: g for k, g in self._graphs.items() if k == WEIGHTS_GRAPH_KEY}",
           "                self._graphs = {}",
           ("tests/unit/implicit/test_cuda_graphs.py::test_graphs_evicted_for_many_shapes_never_read_stale_weights",),
           "evicting shapes' graphs drops the weights' graph the solver graphs read"),

@@ -8,22 +8,20 @@ from __future__ import annotations
 import math
 import os
 
-from implicit_megatron.config.schema import COMMAND_LINE_ONLY, Config, phase_bounds
+from implicit_megatron.config.schema import COMMAND_LINE_ONLY, PHASE_SOLVER_KEYS, Config, phase_bounds
 from implicit_megatron.utils.names import name_problem
 from implicit_megatron.utils.typed_yaml import COMMAND_LINE
-
-PHASE_SOLVER_KEYS = ("max_iter", "tol", "phantom_steps")  # what every phase sets for itself
 
 
 def validate_curriculum(cfg: Config, fail, sources: dict[str, str] | None = None) -> None:
     phases = cfg.curriculum.phases
     names = [p.name for p in phases]
-    for k in PHASE_SOLVER_KEYS if phases else ():
-        if (sources or {}).get(f"implicit.{k}") == COMMAND_LINE:
+    for k in PHASE_SOLVER_KEYS if phases else ():  # one source for the solver: the phases (SolverSettings)
+        if f"implicit.{k}" in (sources or {}):  # a file, a base or the command line
             example = next((p.name for p in phases if p.kind == "free"), phases[-1].name) if k == "tol" \
                 else phases[-1].name
-            fail(f"implicit.{k}", f"every phase of the curriculum sets its own {k}, so this override would be "
-                                  f"ignored; set it for a phase, e.g. curriculum.phases.{example}.{k}=... "
+            fail(f"implicit.{k}", f"every phase of the curriculum sets its own {k}, so this value would be "
+                                  f"ignored; set it for a phase instead, e.g. curriculum.phases.{example}.{k} "
                                   f"(phases: {', '.join(names)})")
     for i, phase in enumerate(phases):
         key = f"curriculum.phases[{i}]"

@@ -321,8 +321,13 @@ class Config:
         for dotted in COMMAND_LINE_ONLY:
             section, key = dotted.split(".")
             data[section].pop(key)
+        if data["curriculum"]["phases"]:  # each phase sets its own: a saved config loads again (config.rules)
+            for key in PHASE_SOLVER_KEYS:
+                data["implicit"].pop(key)
         return data
 
+
+PHASE_SOLVER_KEYS = ("max_iter", "tol", "phantom_steps")  # what every phase of a curriculum sets for itself
 
 # Switches that make a launch trust what it loads (a pickle that runs code, a checkpoint of another
 # run): a launch's own decision, so taken from its command line only (config.rules refuses them in a

@@ -57,9 +57,19 @@ def _write_files(out: Path, model: LanguageModel, cfg: Config, dtype: torch.dtyp
     hf = {"architectures": ["ImplicitMegatronForCausalLM"], "model_type": "implicit_megatron", "auto_map": AUTO_MAP,
           "torch_dtype": str(dtype).removeprefix("torch."), **model_fields(cfg), **generation_fields(cfg, eod_id),
           "eval_stop": "token",  # each row's result is its own (hf/config.py); a client may name "batch"
-          CONFIG_KEY: portable(cfg.to_dict())}
+          CONFIG_KEY: portable(run_config(cfg))}
     (out / CONFIG_FILE).write_text(json.dumps(hf, indent=2))
     write_modeling_file(out)
+
+
+def run_config(cfg: Config) -> dict:
+    """The run config an export carries: with the solver it was taken at (read_checkpoint sets the
+    phase's), which the saved config of a curriculum leaves to its phases."""
+    from implicit_megatron.config.schema import PHASE_SOLVER_KEYS
+
+    data = cfg.to_dict()
+    data["implicit"].update({key: getattr(cfg.implicit, key) for key in PHASE_SOLVER_KEYS})
+    return data
 
 
 def write_modeling_file(out: Path) -> None:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 
 import torch
 from torch import nn
@@ -30,7 +30,7 @@ from implicit_megatron.models.backbone import commit_state
 logger = logging.getLogger(__name__)
 
 
-NORMS = ("norms",)  # the key of the weights' graph, which every solver graph reads
+WEIGHTS_GRAPH_KEY = ("norms",)  # the cache key of the weight-norm graph, which every solver graph reads
 MAX_SHAPE_GRAPHS = 8  # graphs kept for input shapes before they are evicted
 
 
@@ -62,9 +62,8 @@ class SolverSettings:
 
     @classmethod
     def from_config(cls, cfg: ImplicitConfig) -> SolverSettings:
-        return cls(cfg.max_iter, cfg.tol, cfg.phantom_steps, cfg.damping, cfg.eval_factor, cfg.gradient,
-                   cfg.anderson, cfg.eval_tol, cfg.eval_rule, cfg.eval_max_iter, cfg.eval_stop, cfg.warm_start,
-                   cfg.sequential_stop)
+        """Each field from the config's field of the same name (ImplicitConfig holds all of them)."""
+        return cls(**{f.name: getattr(cfg, f.name) for f in fields(cls)})
 
     def stop_tol(self, training: bool) -> float | None:
         """The tolerance the solver stops at: the phase's own; a bounded phase's evaluation stops at
@@ -223,9 +222,9 @@ class ImplicitCore(nn.Module):
             return self._grad_graphs(x, None, seq_idx, 1, None)(x, None, seq_idx)
         norms = None
         if self._weight_normed():
-            norms = self._captured(NORMS, lambda: graphs_lib.NormGraphs(self.backbone))
+            norms = self._captured(WEIGHTS_GRAPH_KEY, lambda: graphs_lib.NormGraphs(self.backbone))
             norms.refresh()
-            self._verify(NORMS, norms.verify, x.dtype)
+            self._verify(WEIGHTS_GRAPH_KEY, norms.verify, x.dtype)
         inj = self.injection(x) if self.injection is not None else None
         s = self.settings
         z0 = torch.zeros_like(x)
@@ -308,13 +307,13 @@ class ImplicitCore(nn.Module):
     def _captured(self, key: tuple, make):
         """The graphs for `key`, captured on first use. A failed capture frees every graph of this
         core; under "auto" it turns graphs off for the core with one log line, under "on" it raises.
-        Beyond MAX_SHAPES input shapes (evaluation at many lengths, say) the shapes' graphs are
+        Beyond MAX_SHAPE_GRAPHS input shapes (evaluation at many lengths, say) the shapes' graphs are
         evicted, never the weights' graph: the solver graphs read its buffers, and a solver graph
         must not outlive, or be built on, the weights' graph it reads."""
         if key not in self._graphs:
-            if len(self._graphs) >= MAX_SHAPE_GRAPHS and key != NORMS:  # keep memory bounded
-                self._graphs = {k: g for k, g in self._graphs.items() if k == NORMS}
-                self._unverified &= {NORMS}
+            if len(self._graphs) >= MAX_SHAPE_GRAPHS and key != WEIGHTS_GRAPH_KEY:  # keep memory bounded
+                self._graphs = {k: g for k, g in self._graphs.items() if k == WEIGHTS_GRAPH_KEY}
+                self._unverified &= {WEIGHTS_GRAPH_KEY}
                 self._pool = None
                 torch.cuda.empty_cache()
             try:

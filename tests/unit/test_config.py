@@ -197,13 +197,25 @@ def test_one_phase_is_overridden_by_name_or_index_and_blamed_on_the_command_line
     assert str(error_of(tiny, ["curriculum.phases[1].tol=0"])).startswith("command line: curriculum.phases[1].tol")
 
 
-def test_a_solver_override_that_the_phases_would_ignore_is_refused():
+def test_a_solver_setting_that_the_phases_would_ignore_is_refused_wherever_it_is_written(tmp_path):
+    """One source for the solver: with phases, implicit.max_iter/tol/phantom_steps are refused from the
+    command line, a config file or a base, naming where and the phase key to set instead."""
     tiny = CONFIGS / "tiny/mamba2-implicit.yaml"
     assert str(error_of(tiny, ["implicit.tol=0.01"])) == (
-        "command line: implicit.tol: every phase of the curriculum sets its own tol, so this override would be "
-        "ignored; set it for a phase, e.g. curriculum.phases.free.tol=... (phases: bounded, free)")
+        "command line: implicit.tol: every phase of the curriculum sets its own tol, so this value would be "
+        "ignored; set it for a phase instead, e.g. curriculum.phases.free.tol (phases: bounded, free)")
     for key in ("max_iter=8", "phantom_steps=2"):
         assert "every phase of the curriculum sets its own" in str(error_of(tiny, [f"implicit.{key}"]))
+    mine = write(tmp_path, "mine.yaml", f"base: {tiny}\nimplicit: {{max_iter: 8}}\n")
+    error = error_of(mine)
+    assert (error.source, error.key) == (str(mine), "implicit.max_iter")
+    assert "curriculum.phases.free.max_iter" in str(error)
+    base = write(tmp_path, "base.yaml", f"base: {CONFIGS / 'tiny/mamba2-explicit.yaml'}\n"
+                                        "implicit: {enabled: true, phantom_steps: 2}\n")
+    child = write(tmp_path, "child.yaml", f"base: {base}\n"
+                                          "curriculum: {phases: [{name: only, kind: bounded, fraction: 1.0, "
+                                          "max_iter: 4, phantom_steps: 1}]}\n")
+    assert (error_of(child).source, error_of(child).key) == (str(base), "implicit.phantom_steps")
     cfg = load_config(tiny, ["curriculum.phases=[]", "implicit.tol=0.01", "implicit.damping=0.5"], check_files=False)
     assert cfg.implicit.tol == 0.01 and cfg.implicit.damping == 0.5  # no phases: the implicit keys rule
 
