@@ -4,14 +4,14 @@
 # scripts/setup.sh installs it. tools/container_smoke.sh builds it FROM a debootstrap'd Debian (its
 # DEBIAN_IMAGE) and then the project's images FROM it with GPU_KERNELS=0; it is not meant for training.
 #   TORCH: a requirement (torch==2.13.0) or the path of a wheel mounted into the build
-#   TORCH_INDEX_URL: where torch (and its dependencies) come from; the public CPU index by default
+#   TORCH_INDEX_URL: the index torch (and its dependencies) come from; empty: pip's own default index
 # ca/ in the build context holds extra CA certificates (*.crt) the machine's network needs; may be empty.
 
 ARG DEBIAN_IMAGE=localhost/debian-minbase:bookworm
 FROM ${DEBIAN_IMAGE}
 
 ARG TORCH=torch==2.13.0
-ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
+ARG TORCH_INDEX_URL=
 
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 
@@ -27,5 +27,5 @@ ENV PATH=/opt/venv/bin:${PATH} \
 # hadolint ignore=DL3013
 RUN PIP_CERT=/etc/ssl/certs/ca-certificates.crt python3 -m pip install --upgrade "pip==26.3" "setuptools==80.9.0" \
         "wheel==0.48.0" \
- && python3 -m pip install --index-url "${TORCH_INDEX_URL}" "${TORCH}" \
+ && python3 -m pip install ${TORCH_INDEX_URL:+--index-url "${TORCH_INDEX_URL}"} "${TORCH}" \
  && python3 -c "import torch; print('stand-in base: torch', torch.__version__)"

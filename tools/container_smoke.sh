@@ -22,10 +22,11 @@
 # Settings (environment):
 #   TORCH_WHEEL      a torch CPU wheel (cp311) for the stand-in base; default: one for the version in a
 #                    folder of $PIP_FIND_LINKS, else torch from TORCH_INDEX_URL
-#   TORCH_INDEX_URL  where torch comes from without a wheel (default https://download.pytorch.org/whl/cpu)
+#   TORCH_INDEX_URL  the package index torch's CPU build comes from without a wheel (yours, or torch's
+#                    public CPU index); unset: pip's own default index
 #   CA_BUNDLE        CA certificates the builds' network needs (a proxy's), added to the stand-in base;
 #                    default $PIP_CERT, $SSL_CERT_FILE or $REQUESTS_CA_BUNDLE where set
-#   DEBIAN_MIRROR    default http://deb.debian.org/debian
+#   DEBIAN_MIRROR    the Debian mirror debootstrap reads; unset: debootstrap's own default
 #   SMOKE_STEPS      training steps of the quickstart in each image (default 40: about 70 s on 2 cores,
 #                    tokenizing included; 200 is the quickstart's own length, about 5 min)
 #   FLAVOURS         default "rocm cuda"
@@ -77,7 +78,7 @@ debian_base() {  # Debian bookworm, minimal, with Python 3.11 and venv (which br
     return 0
   fi
   if debootstrap --variant=minbase --include=python3,python3-venv,ca-certificates bookworm "$work/rootfs" \
-       "${DEBIAN_MIRROR:-http://deb.debian.org/debian}" > "$log" 2>&1 \
+       ${DEBIAN_MIRROR:+"$DEBIAN_MIRROR"} > "$log" 2>&1 \
      && tar -C "$work/rootfs" -c . | podman import - "$DEBIAN_IMAGE" >> "$log" 2>&1; then
     ok "debian base $DEBIAN_IMAGE: debootstrap bookworm minbase + python3 ($(took "$t"))"
     rm -rf "$work/rootfs"
@@ -102,13 +103,12 @@ standin_base() {  # torch's CPU build on it, from a wheel on this machine or fro
   ca="${CA_BUNDLE:-${PIP_CERT:-${SSL_CERT_FILE:-${REQUESTS_CA_BUNDLE:-}}}}"
   if [ -n "$ca" ] && [ -f "$ca" ]; then cp "$ca" "$ctx/ca/extra.crt"; fi
   args=(--build-arg "DEBIAN_IMAGE=$DEBIAN_IMAGE")
-  if [ -n "$wheel" ]; then  # mounted for the build only; torch's dependencies come from PyPI
-    args+=(--volume "$(cd "$(dirname "$wheel")" && pwd):/wheels:ro" --build-arg "TORCH=/wheels/$(basename "$wheel")"
-           --build-arg "TORCH_INDEX_URL=https://pypi.org/simple")
+  if [ -n "$wheel" ]; then  # mounted for the build only; torch's dependencies come from pip's index
+    args+=(--volume "$(cd "$(dirname "$wheel")" && pwd):/wheels:ro" --build-arg "TORCH=/wheels/$(basename "$wheel")")
     from="$wheel"
   else
-    from="${TORCH_INDEX_URL:-https://download.pytorch.org/whl/cpu}"
-    args+=(--build-arg "TORCH=torch==$torch_version" --build-arg "TORCH_INDEX_URL=$from")
+    from="${TORCH_INDEX_URL:-the default index of pip}"
+    args+=(--build-arg "TORCH=torch==$torch_version" --build-arg "TORCH_INDEX_URL=${TORCH_INDEX_URL:-}")
   fi
   t=$SECONDS
   log="$work/logs/build-standin.log"

@@ -1,6 +1,6 @@
-"""The module names that folders exported by earlier versions import.
+"""Old module names kept answering, for folders exported by earlier versions of this package.
 
-Until the package was arranged in rooms, an export carried a whole copy of the transformers wrapper
+Until the package was split into subpackages, an export carried a whole copy of the transformers wrapper
 as `modeling_implicit_megatron.py`, and that copy imports `implicit_megatron.export` and
 `implicit_megatron.hf_cache`. Those modules now live in `hf/`; `OLD_MODULES` answers their old
 names with the names such a copy uses, so that such a folder still loads where transformers runs

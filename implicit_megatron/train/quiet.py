@@ -1,5 +1,5 @@
-"""A launch's output says each thing once: what the libraries we start would print on every rank
-is settled where it arises, and our own warnings come from rank 0 (the ranks run the same code).
+"""Quiet the libraries a launch starts, so that its output says each thing once: what they would
+print on every rank is settled here, where it arises; our own warnings come from rank 0 only.
 
 - DeepSpeed guesses its accelerator where none is named and warns on every rank that it fell back
   to the CPU; naming the CPU (DS_ACCELERATOR, only where torch sees no GPU) is the documented way to
