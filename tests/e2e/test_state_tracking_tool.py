@@ -41,6 +41,7 @@ def L12_accuracy(run) -> float:  # noqa: N802 - the set's name
     model = build_model(cfg)
     model.load_state_dict(state)
     model.eval()
+    model.core.set_phase(eval_stop="batch")  # the tool's rule for its sets (the paper's); -own sets stop per word
     hits = 0
     with torch.no_grad():
         for start in range(0, words, args.eval_batch):
