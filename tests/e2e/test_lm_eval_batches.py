@@ -24,10 +24,12 @@ def export(tmp_path_factory):
                              scales=(0.5, 3.0, 3.0))
 
 
-def lm_eval_cli(export, out, batch_size: int, *model_args: str) -> dict:
-    """{(task, doc, choice): log-likelihood} from the lm_eval command line's logged samples."""
-    args = ",".join([f"pretrained={export}", "trust_remote_code=True", *model_args])
-    result = subprocess.run([sys.executable, "-m", "lm_eval", "--model", "hf", "--model_args", args, "--tasks",
+def lm_eval_cli(export, out, batch_size: int, *model_args: str, command: str = "implicit_megatron.lm_eval") -> dict:
+    """{(task, doc, choice): log-likelihood} from the lm_eval command line's logged samples (lm-eval's
+    own `lm_eval`, which cannot import the package, loads the folder's modeling file)."""
+    args = ",".join([f"pretrained={export}", *(("trust_remote_code=True",) if command == "lm_eval" else ()),
+                     *model_args])
+    result = subprocess.run([sys.executable, "-m", command, "--model", "hf", "--model_args", args, "--tasks",
                              "tiny_lambada,tiny_piqa", "--include_path", TASKS, "--batch_size", str(batch_size),
                              "--device", "cpu", "--log_samples", "--output_path", str(out)],
                             cwd=ROOT, capture_output=True, text=True, timeout=300, env=child_env(**OFFLINE))
@@ -50,6 +52,7 @@ def largest_gap(a: dict, b: dict) -> float:
 def test_the_lm_eval_command_line_scores_each_request_as_alone(export, tmp_path):
     one = lm_eval_cli(export, tmp_path / "one", 1)
     assert largest_gap(one, lm_eval_cli(export, tmp_path / "four", 4)) < 1e-5
+    assert largest_gap(one, lm_eval_cli(export, tmp_path / "plain", 4, command="lm_eval")) < 1e-5
     assert largest_gap(one, lm_eval_cli(export, tmp_path / "batch-rule", 4, "eval_stop=batch")) > 1e-4
 
 
@@ -83,8 +86,9 @@ def test_the_readmes_transformers_and_lm_eval_examples_run_as_written(export, tm
                             env=child_env(**OFFLINE))
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.startswith("ROMEO:")
-    command = readme_block("bash", "lm_eval --model hf").replace("runs/quickstart/export", str(export))
-    command = command.replace(".venv/bin/lm_eval", f"{sys.executable} -m lm_eval").replace("\\\n", " ")
+    command = readme_block("bash", "implicit_megatron.lm_eval --model hf")
+    command = command.replace("runs/quickstart/export", str(export)).replace(".venv/bin/python", sys.executable)
+    command = command.replace("\\\n", " ")
     result = subprocess.run(["bash", "-c", command], cwd=ROOT, capture_output=True, text=True, timeout=300,
                             env=child_env(**OFFLINE))
     assert result.returncode == 0, result.stderr[-3000:]
