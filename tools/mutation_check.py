@@ -57,7 +57,7 @@ BREAKS = [
           "        inj = self.injection(x) if self.injection is not None else None\n        s = self.settings\n\n"
           "        def f(",
           "        inj = None\n        s = self.settings\n\n        def f(",
-          ("tests/unit/test_import_released.py",), "the eager passes ignore the input injection"),
+          ("tests/unit/hf/test_import_released.py",), "the eager passes ignore the input injection"),
     Break("weight-norm", "implicit_megatron/implicit/weight_norm.py",
           "    return torch._weight_norm(v, g, 0)", "    return g * v / v.norm()",
           ("tests/unit/implicit/test_weight_norm.py",), "weight norm over the whole tensor, not each row"),
@@ -92,10 +92,10 @@ BREAKS = [
           "    model.load_state_dict({**expected, **state}, strict=True)",
           "    model.load_state_dict({**{k: v.zero_() if k.startswith('core.injection.proj') else v "
           "for k, v in expected.items()}, **state}, strict=True)",
-          ("tests/unit/test_import_weights.py",), "an import into an implicit config zeroes the injection"),
+          ("tests/unit/hf/test_import_weights.py",), "an import into an implicit config zeroes the injection"),
     Break("released-norm-eps", "implicit_megatron/hf/released.py",
           '"model.norm_eps=1e-05"', '"model.norm_eps=1e-06"',
-          ("tests/unit/test_import_released.py",), "the released models imported with another RMSNorm epsilon"),
+          ("tests/unit/hf/test_import_released.py",), "the released models imported with another RMSNorm epsilon"),
     Break("plot-one-run", "implicit_megatron/evaluation/run_plot.py",
           "    for index, run in enumerate(runs):\n        for key, validation in keys:",
           "    for index, run in enumerate(runs[:1]):\n        for key, validation in keys:",

@@ -17,7 +17,7 @@ from safetensors.torch import load_file
 from implicit_megatron import from_pretrained
 from implicit_megatron.hf.released import LLAMA_LAYER, MAMBA2_LAYER, _our_name, import_released
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 FIXTURES = ROOT / "tests/fixtures/released"
 ARCHS = ["llama", "mamba2"]
 

@@ -11,7 +11,7 @@ from transformers import LlamaConfig, LlamaForCausalLM, Mamba2Config, Mamba2ForC
 from implicit_megatron import from_pretrained
 from implicit_megatron.hf.import_explicit import import_explicit
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def random_reference(arch: str):
