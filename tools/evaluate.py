@@ -48,6 +48,8 @@ def names(text: str) -> list[str]:
 
 
 def parse(argv: list[str] | None):
+    from implicit_megatron.config.schema import EVAL_STOPS
+
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("model", help="a run's checkpoints/ folder or an exported folder")
     p.add_argument("--data", default=None, help="shard prefix: {prefix}_test.bin/.idx")
@@ -64,7 +66,7 @@ def parse(argv: list[str] | None):
     p.add_argument("--tol", type=float, default=None, help="stopping tolerance of the relative residual")
     p.add_argument("--fixed-depth", action="store_true",
                    help="a bounded phase at exactly its max_iter passes instead of stopping at implicit.eval_tol")
-    p.add_argument("--eval-stop", choices=("token", "sequence", "batch"), default="token",
+    p.add_argument("--eval-stop", choices=EVAL_STOPS, default="token",
                    help="token (default): each position stops at its own residual, so no score moves with the "
                         "batch or its padding; sequence: each sequence at its own; batch: the released code's one "
                         "stop test over the batch (paper fidelity)")

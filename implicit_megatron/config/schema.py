@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, get_args, get_type_hints
 
 from implicit_megatron.utils.typed_yaml import to_dict
 
@@ -124,6 +124,8 @@ class ImplicitConfig:
     # CUDA graphs of the passes (implicit.graphs): auto = where possible, else eager with one log line
     cuda_graphs: Literal["auto", "on", "off"] = "auto"
 
+
+EVAL_STOPS: tuple[str, ...] = get_args(get_type_hints(ImplicitConfig)["eval_stop"])  # named by evaluation tools
 
 @dataclass
 class DataConfig:

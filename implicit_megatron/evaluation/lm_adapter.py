@@ -154,7 +154,7 @@ class ImplicitMegatronLM(TemplateLM):
         gen_kwargs = dict(gen_kwargs or {})
         # a sentencepiece end token decodes to "": generation stops at its id, and "" is no stop string
         eos = self.tok_decode([self.eot_token_id]) or None
-        until = [u for u in handle_stop_sequences(gen_kwargs.pop("until", None), eos=eos) if u]
+        until = handle_stop_sequences(gen_kwargs.pop("until", None), eos=eos)
         max_new = int(gen_kwargs.pop("max_gen_toks", DEFAULT_MAX_GEN_TOKS))
         sampled = bool(gen_kwargs.get("do_sample", False))
         temperature = float(gen_kwargs.get("temperature", 1.0)) if sampled else 0.0

@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from implicit_megatron.config import Config, PhaseConfig
+from implicit_megatron.config.schema import EVAL_STOPS
 from implicit_megatron.models.lm import LanguageModel
 
 
@@ -41,8 +42,8 @@ def find_phase(cfg: Config, name: str) -> PhaseConfig:
 def resolve_solver(cfg: Config, tag_phase: str | None, choice: SolverChoice) -> dict:
     """A plain dict (it goes into results.json): phase, max_iter, phantom_steps, tol, cap, label."""
     im = cfg.implicit
-    if choice.eval_stop not in ("token", "sequence", "batch"):
-        raise ValueError(f"eval_stop must be token, sequence or batch, not {choice.eval_stop!r}")
+    if choice.eval_stop not in EVAL_STOPS:
+        raise ValueError(f"eval_stop must be one of {', '.join(EVAL_STOPS)}, not {choice.eval_stop!r}")
     if not im.enabled:
         return {"implicit": False, "phase": None, "max_iter": 1, "phantom_steps": 0, "tol": None, "cap": 1,
                 "label": "(explicit)"}

@@ -11,9 +11,6 @@ from transformers.configuration_utils import PretrainedConfig
 FIRST_USE: list = []  # called once, when the first of these configs is made (hf/auto.py fills it)
 
 
-EVAL_STOPS = ("token", "sequence", "batch")
-
-
 class ImplicitMegatronConfig(PretrainedConfig):
     """Holds our run config (the `implicit_megatron` entry) next to the few fields transformers reads.
 

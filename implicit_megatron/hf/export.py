@@ -197,7 +197,7 @@ def checked_eval_stop(value, source: str) -> str:
     """An exported model's stop rule outside training: its config's top-level `eval_stop` (the run
     config inside records how the run validated, and folders exported before this field existed hold
     the old default there), "token" unless a client names another rule."""
-    from implicit_megatron.hf.config import EVAL_STOPS
+    from implicit_megatron.config.schema import EVAL_STOPS
 
     if value not in EVAL_STOPS:
         raise ValueError(f"{source}: eval_stop must be one of {', '.join(EVAL_STOPS)}, not {value!r}")
