@@ -139,7 +139,8 @@ def bench_config(name: str, args, device, dtype) -> list[tuple]:
         for mode in args.modes.split(","):
             settings = MODES[mode]
             model = explicit_model if settings is None else implicit_model
-            model.core.cuda_graphs, model.core._graphs = graphs, {}
+            model.core.cuda_graphs = graphs
+            model.core.graphs.drop()
             model.core.settings = settings
             if device.type == "cuda":
                 torch.cuda.empty_cache()

@@ -121,7 +121,7 @@ def graph_lines(config: str, device, dtype, batch: int, seq_len: int, *overrides
                 err = rel_err(graphed[name], eager[name]) if name in graphed else float("inf")
                 if err >= grad_err:
                     worst, grad_err = name, err
-        used = any(key[0] == "grad" for key in models["on"].core._graphs)
+        used = any(key[0] == "grad" for key in models["on"].core.graphs.cache)
         ok = used and complete and max(loss_err, grad_err) <= TOLERANCE[dtype]
         lines.append(Line("graphs", ok, f"{mode}{' with weight norm' if normed else ''}: loss {loss_err:.1e}, "
                                         f"worst gradient {grad_err:.1e} ({worst}), 3 steps with updated weights"
@@ -138,7 +138,8 @@ def memory_lines(config: str, batch: int, seq_len: int, dtype, *overrides: str) 
         ids = torch.randint(0, model.config.vocab_size, (batch, seq_len), device="cuda")
         peaks = {}
         for graphs in ("off", "on"):
-            model.core.cuda_graphs, model.core._graphs = graphs, {}
+            model.core.cuda_graphs = graphs
+            model.core.graphs.drop()
             torch.cuda.empty_cache()
             torch.cuda.reset_peak_memory_stats()
             for _ in range(3):  # eager, capture, replay

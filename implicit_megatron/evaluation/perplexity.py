@@ -50,7 +50,7 @@ class NLLResult:
 
 
 def batch_stats(model: LanguageModel, size: int) -> BatchStats:
-    stats = model.core.last_stats if model.core.implicit else None
+    stats = model.solver_stats()
     if stats is None:  # the explicit model: one pass, nothing to converge
         return BatchStats(size, 1, 0, 0.0, 1.0)
     return BatchStats(size, int(stats.passes), int(stats.phantom_passes), stats.residual.float().mean().item(),

@@ -49,7 +49,7 @@ def evaluate_words(model: LanguageModel, words: torch.Tensor, labels: torch.Tens
             converged += sum(s.converged.double().sum().item() for s in stats) / len(stats)
         else:
             logits = model(x)
-            stats = model.core.last_stats if model.core.implicit else None
+            stats = model.solver_stats()
             passes.append(stats.passes_per_sample.double().mean().item() if stats is not None else 1)
             converged += stats.converged.double().sum().item() if stats is not None else len(x)
         hits = (logits[..., :model.vocab_size].argmax(-1) == y).double()

@@ -13,11 +13,12 @@ from collections.abc import Callable
 
 import torch
 
+from implicit_megatron.implicit.damping import damped
+
 
 def phantom_steps(f: Callable[[torch.Tensor], torch.Tensor], z_star: torch.Tensor, steps: int,
                   damping: float) -> torch.Tensor:
     z = z_star.detach()
     for _ in range(steps):
-        f_z = f(z)
-        z = f_z if damping == 1.0 else (1.0 - damping) * z + damping * f_z
+        z = damped(z, f(z), damping)
     return z

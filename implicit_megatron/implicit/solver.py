@@ -18,6 +18,7 @@ import torch
 import torch.distributed as dist
 
 from implicit_megatron.config import AndersonSettings
+from implicit_megatron.implicit.damping import damped
 
 Function = Callable[[torch.Tensor], torch.Tensor]
 Step = Callable[[torch.Tensor, bool], tuple[torch.Tensor, "torch.Tensor | None"]]
@@ -186,7 +187,7 @@ def released_solve(f: Function, z0: torch.Tensor, cap: int, tol: float | None, d
         norm_sq = torch.linalg.vector_norm(z.flatten(1), dim=1, dtype=dtype).square()
         ratio = diff_sq.sqrt() / (1e-6 + norm_sq.sqrt())
         residual = torch.where(active, ratio, residual)
-        z = torch.where(active.view(-1, *[1] * (z.dim() - 1)), (1 - damping) * z + damping * z_next, z)
+        z = torch.where(active.view(-1, *[1] * (z.dim() - 1)), damped(z, z_next, damping), z)
         row_loops += active
         if tol is None:
             continue
@@ -226,7 +227,7 @@ def _released_per_token(f: Function, z0: torch.Tensor, cap: int, tol: float, dam
         row_loops += active.any(dim=1)
         pending = active & (ratio < tol)
         active &= ~pending
-        z = (1 - damping) * z + damping * z_next
+        z = damped(z, z_next, damping)
         if not any_left(active, group):
             break
     out = torch.where((pending | active)[..., None], f(z), out)

@@ -16,6 +16,7 @@ from collections.abc import Callable
 
 import torch
 
+from implicit_megatron.implicit.damping import damped
 from implicit_megatron.implicit.solver import SolverStats, relative_residual
 from implicit_megatron.models.backbone import BackboneState, select_state
 
@@ -77,7 +78,7 @@ def released_token(step: TokenStep, z0: torch.Tensor, real: torch.Tensor, cap: i
         diff = torch.linalg.vector_norm((z_next - z).flatten(1), dim=1, dtype=dtype)
         norm = torch.linalg.vector_norm(z.flatten(1), dim=1, dtype=dtype)
         r = diff / (1e-6 + norm)
-        z = torch.where(_rows(active, z), (1 - damping) * z + damping * z_next, z)
+        z = torch.where(_rows(active, z), damped(z, z_next, damping), z)
         residual = torch.where(active, r, residual)
         loops += active
         if tol is not None and batch_wide:  # the norms over the batch's rows (real ones: all active)

@@ -12,6 +12,8 @@ samplers should mask ids >= `vocab_size`.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 from torch import nn
 
@@ -19,6 +21,9 @@ from implicit_megatron.config import ModelConfig
 from implicit_megatron.models.backbone import Backbone
 from implicit_megatron.models.loss import linear_cross_entropy
 from implicit_megatron.models.padding import has_padding, padded_core
+
+if TYPE_CHECKING:
+    from implicit_megatron.implicit.solver import SolverStats
 
 
 class LanguageModel(nn.Module):
@@ -46,6 +51,11 @@ class LanguageModel(nn.Module):
     @property
     def head_weight(self) -> torch.Tensor:
         return self.embedding.weight if self.lm_head is None else self.lm_head.weight
+
+    def solver_stats(self) -> SolverStats | None:
+        """What the last forward's solve did (passes, residual and convergence per sample), for the
+        trainer's metrics and the evaluation tools; None for the explicit model."""
+        return self.core.last_stats
 
     def logits(self, z: torch.Tensor) -> torch.Tensor:
         """Final states (..., d) -> logits (..., padded_vocab_size)."""

@@ -200,7 +200,7 @@ class Trainer:
                     self._drop_gradients()
             with timed("optimizer"):
                 self.engine.step()
-            stats = self.engine.module.core.last_stats
+            stats = self.model.solver_stats()
             if stats is not None:
                 passes, phantom = passes + stats.passes, phantom + stats.phantom_passes
                 residual.append(stats.residual.detach().float().max())

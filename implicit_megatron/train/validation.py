@@ -56,7 +56,7 @@ def evaluate(engine, task, forward: Callable, vocab_size: int, rank: int, world:
                 loss = forward(inputs, labels).double()
                 sums[0] += torch.where(count > 0, loss * count, torch.zeros_like(loss))
             sums[2] += count
-            stats = engine.module.core.last_stats
+            stats = engine.module.solver_stats()
             sums[3] += stats.passes if stats is not None else 1
             sums[4] += 1
             if stats is not None:

@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(ROOT / "tests"))
 
 from implicit_megatron import build_model, load_config  # noqa: E402
-from implicit_megatron.implicit import core as core_module  # noqa: E402
+from implicit_megatron.implicit import graph_runtime  # noqa: E402
 from implicit_megatron.train.engine import build_engine, init_distributed  # noqa: E402
 
 LENGTHS = [(16, 16), (16, 24), (24, 32), (16, 16)]  # per step, per micro-batch
@@ -55,7 +55,7 @@ def run(stage: int, precision: str, graphs: str, device: str) -> tuple[list[floa
                               for name, p in engine.module.named_parameters() if p.requires_grad})
             engine.step()
             losses.append(loss.item())
-    used = [key[0] for key in engine.module.core._graphs]
+    used = [key[0] for key in engine.module.core.graphs.cache]
     assert (graphs == "on") == ("grad" in used), used
     return losses, grads
 
@@ -80,7 +80,7 @@ def main() -> None:
         from support.cuda_graph_emulation import install
 
         undo = install()
-    core_module.MAX_SHAPE_GRAPHS = 3  # so that four lengths evict and capture again
+    graph_runtime.MAX_SHAPE_GRAPHS = 3  # so that four lengths evict and capture again
     try:
         for stage in map(int, args.stages.split(",")):
             for precision in args.precisions.split(","):

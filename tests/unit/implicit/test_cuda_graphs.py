@@ -115,7 +115,7 @@ def test_graphed_training_equals_eager(arch, make_model, target, mode):
             assert set(grads) == set(eager_grads)
             for name, g in eager_grads.items():
                 assert close(grads[name], g, dtype), (micro_batches, set_to_none, name)
-        kinds = {key[0] for key in model.core._graphs}
+        kinds = {key[0] for key in model.core.graphs.cache}
         assert kinds == ({"grad"} if mode == "explicit" else {"norms", "solve", "grad"}), kinds
 
 
@@ -133,14 +133,14 @@ def test_evaluation_by_the_solver_rule_replays_graphs(arch, make_model, target):
         graphed = [model(ids) for _ in range(3)][-1]
         assert model.core.last_stats.passes == passes
         assert close(graphed.double(), eager.double(), dtype)
-        assert {key[0] for key in model.core._graphs} == {"norms", "solve"}
+        assert {key[0] for key in model.core.graphs.cache} == {"norms", "solve"}
         model.core.settings = SolverSettings(max_iter=8, tol=2e-2, eval_rule="released")
-        model.core._graphs.clear()
+        model.core.graphs.drop()
         model(ids), model(ids)
-        assert not model.core._graphs  # the released rule always runs eagerly
+        assert not model.core.graphs.cache  # the released rule always runs eagerly
         model.core.settings = SolverSettings(max_iter=8, tol=2e-2, eval_rule="solver", eval_stop="token")
         model(ids), model(ids)
-        assert not model.core._graphs  # so does the per-token stop (it reads z after each pass)
+        assert not model.core.graphs.cache  # so does the per-token stop (it reads z after each pass)
 
 
 def test_no_normalised_weight_outlives_its_forward(make_model, target):
@@ -211,7 +211,7 @@ def test_llama_at_a_second_length_then_the_first_again(make_model):
             ids = batches("cpu", 1, length)[0]
             loss, expected = model(ids, labels=ids), eager_model(ids, labels=ids)
             assert abs(loss.item() - expected.item()) <= 1e-10 * abs(expected.item()), length
-        assert any(key[0] == "grad" and key[1][0] == (2, 16, model.config.d_model) for key in model.core._graphs)
+        assert any(key[0] == "grad" and key[1][0] == (2, 16, model.config.d_model) for key in model.core.graphs.cache)
 
 
 def test_a_backward_the_graph_cannot_replay_is_refused(make_model):
@@ -255,10 +255,10 @@ def test_a_failed_capture_frees_the_graphs_runs_eagerly_and_says_why(make_model,
             return backbone_forward(self, z, inj, seq_idx)
 
         monkeypatch.setattr(type(model.core.backbone), "forward", syncing)
-        with caplog.at_level(logging.WARNING, logger="implicit_megatron.implicit.core"):
+        with caplog.at_level(logging.WARNING, logger="implicit_megatron.implicit.graph_runtime"):
             assert model(ids, labels=ids).item() == expected  # first sight: eager
             assert model(ids, labels=ids).item() == expected  # capture fails: eager
-        assert not model.core._graphs and model.core.cuda_graphs == "off"
+        assert not model.core.graphs.cache and model.core.cuda_graphs == "off"
         assert [r.getMessage() for r in caplog.records] == [
             "CUDA graph capture failed (CaptureError: operation not permitted when stream is capturing "
             "(aten._local_scalar_dense.default): a host synchronisation inside a CUDA graph capture); "
@@ -266,7 +266,7 @@ def test_a_failed_capture_frees_the_graphs_runs_eagerly_and_says_why(make_model,
         model.core.cuda_graphs = "on"
         with pytest.raises(RuntimeError, match="stream is capturing"):
             model(ids, labels=ids)
-        assert not model.core._graphs and not torch.cuda.is_current_stream_capturing()
+        assert not model.core.graphs.cache and not torch.cuda.is_current_stream_capturing()
 
 
 @pytest.mark.parametrize(("device", "dtype"), [("cpu", torch.float64), ("cuda", torch.float32),
@@ -296,7 +296,7 @@ def test_graphs_evicted_for_many_shapes_never_read_stale_weights(make_model):
 
     with emulated():
         model = graph_model(make_model, "mamba2", ("cpu", torch.float64), "(4+1)")
-        model.core.settings = replace(MODES["(4+1)"], eval_rule="solver")
+        model.core.settings = replace(MODES["(4+1)"], eval_rule="solver", eval_stop="sequence")  # graphable
         eager = graph_model(make_model, "mamba2", ("cpu", torch.float64), "(4+1)")
         eager.load_state_dict(model.state_dict())
         eager.core.settings = model.core.settings
@@ -324,7 +324,7 @@ def test_graphs_evicted_for_many_shapes_never_read_stale_weights(make_model):
                         probe = batches("cpu", 1, length)[0]
                         assert torch.allclose(model(probe), eager(probe), rtol=1e-10, atol=0), length
         training_step()
-        assert len(model.core._graphs) <= 8
+        assert len(model.core.graphs.cache) <= 8
 
 
 def test_a_capture_that_fails_at_its_end_leaves_the_run_on_its_own_stream(make_model, caplog):
@@ -337,7 +337,7 @@ def test_a_capture_that_fails_at_its_end_leaves_the_run_on_its_own_stream(make_m
         stream = torch.cuda.current_stream()
         assert model(ids, labels=ids).item() == expected  # first sight: eager
         EmulatedGraph.fail_capture_end = True  # the weights' graph, the first captured, fails at its end
-        with caplog.at_level(logging.WARNING, logger="implicit_megatron.implicit.core"):
+        with caplog.at_level(logging.WARNING, logger="implicit_megatron.implicit.graph_runtime"):
             assert model(ids, labels=ids).item() == expected
         assert model.core.cuda_graphs == "off" and "invalidated" in caplog.text
         assert torch.cuda.current_stream() is stream
@@ -408,7 +408,7 @@ def test_a_graph_that_computes_something_else_is_caught_at_its_first_use(make_mo
         eager, _ = train(model, "off", data, 3)
         model.load_state_dict(state)
         monkeypatch.setattr(cls, "__init__", tampered)
-        with caplog.at_level(logging.WARNING, logger="implicit_megatron.implicit.core"):
+        with caplog.at_level(logging.WARNING, logger="implicit_megatron.implicit.graph_runtime"):
             checked, _ = train(model, "auto", data, 3)
         for (losses, grads), (eager_losses, eager_grads) in zip(checked, eager, strict=True):
             assert losses == eager_losses
@@ -418,7 +418,7 @@ def test_a_graph_that_computes_something_else_is_caught_at_its_first_use(make_mo
         what = "the solver's pass" if kind == "solve" else "the passes with gradient"
         assert warning[0].startswith(f"CUDA graphs differ from the eager passes: {what} by ")
         assert "the tolerance for float64 is 1e-10); the passes run eagerly" in warning[0]
-        assert model.core.cuda_graphs == "off" and not model.core._graphs
+        assert model.core.cuda_graphs == "off" and not model.core.graphs.cache
         model.load_state_dict(state)
         with pytest.raises(RuntimeError, match=f"CUDA graphs differ from the eager passes: {what}"):
             train(model, "on", data, 3)

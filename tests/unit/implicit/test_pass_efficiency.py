@@ -168,7 +168,7 @@ def test_cpu_falls_back_to_eager_with_one_log_line_at_info_level(make_model, cap
     model = make_model("llama")
     assert model.core.cuda_graphs == "auto"
     ids = torch.randint(0, 101, (1, 6))
-    with caplog.at_level(logging.INFO, logger="implicit_megatron.implicit.core"):
+    with caplog.at_level(logging.INFO, logger="implicit_megatron.implicit.graph_runtime"):
         for _ in range(3):
             model(ids)
     lines = [(r.levelname, r.getMessage()) for r in caplog.records if "CUDA graphs" in r.getMessage()]
