@@ -208,7 +208,7 @@ def validate_catbabi(cfg: Config, fail, check_files: bool, check_data: bool) -> 
         return
     if not Path(c.folder).is_dir():
         fail("task.catbabi.folder", f"no folder {c.folder}{taken_from(c.folder)}: put the bAbI v1.2 task files there "
-                                    "(README: catbAbI)")
+                                    "(docs/paper.md: catbAbI)")
     for split in ("train", c.eval_split):
         try:
             split_files(c.folder, split)

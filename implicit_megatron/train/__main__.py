@@ -1,6 +1,6 @@
 """Per-rank entry: python -m implicit_megatron.train CONFIG [key=value ...].
 
-Exit status: 0 when the run finished or stopped gracefully (SIGTERM: see the README), 2 when the
+Exit status: 0 when the run finished or stopped gracefully (SIGTERM: see docs/training.md), 2 when the
 launch was refused (a bad config, a held output folder, a checkpoint that does not fit: one line
 from rank 0, no traceback), 1 on a failure (with its traceback).
 """

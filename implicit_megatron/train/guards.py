@@ -7,6 +7,7 @@ from __future__ import annotations
 import collections
 import math
 from pathlib import Path
+from typing import cast
 
 import torch
 import torch.distributed as dist
@@ -71,7 +72,7 @@ class ConvergenceWatch:
         if self.limit and self.unconverged == self.limit:
             self.log(f"warning: no solve has converged to tol {settings.tol} in {self.limit} log intervals in a "
                      f"row (step {step}; every solve stops at max_iter {settings.max_iter}): the fixed point is "
-                     "not being found; see README, How an implicit model is evaluated")
+                     "not being found; see docs/checkpoints.md, How an implicit model is evaluated")
 
 
 def nonfinite_stop(nonfinite_in_row: int, limit: int, checkpoints: Path) -> None:
@@ -115,7 +116,7 @@ class DivergenceWatch:
         self.risen, self.calm = self.risen + 1, 0
         best, at = self.minimum
         if self.held is None:
-            before = [t for t in tags_by_step(self.checkpoints) if step_of(t) <= at]  # newest first
+            before = [t for t in tags_by_step(self.checkpoints) if cast(int, step_of(t)) <= at]  # newest first
             if before:
                 self.held = before[0]
                 if self.rank == 0:

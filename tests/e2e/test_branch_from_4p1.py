@@ -1,4 +1,4 @@
-"""The paper's (24+4) model branches from a standalone (4+1) run at 80 % (README, "Standalone (4+1)
+"""The paper's (24+4) model branches from a standalone (4+1) run at 80 % (docs/training.md, "Standalone (4+1)
 runs"): the 4p1 run writes bounded-step<N> where the curriculum's free phase starts, and the free
 phase's launch starts from it with `checkpoint.load`, continuing step, schedule and data."""
 

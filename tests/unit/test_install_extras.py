@@ -76,7 +76,8 @@ def distributions_of(modules: set[str]) -> dict[str, str]:
 
 
 def readme_transformers_examples() -> list[str]:
-    blocks = re.findall(r"```python\n(.*?)```", (ROOT / "README.md").read_text(), re.S)
+    pages = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+    blocks = [b for page in pages for b in re.findall(r"```python\n(.*?)```", page.read_text(), re.S)]
     return [block for block in blocks if "transformers" in block]
 
 

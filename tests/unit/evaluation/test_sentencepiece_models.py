@@ -1,4 +1,4 @@
-"""A model trained with a SentencePiece tokenizer (the README's `--model sp-unigram` route) is
+"""A model trained with a SentencePiece tokenizer (docs/data.md's `--model sp-unigram` route) is
 evaluated end to end: lm-eval's generation and scoring tasks in both backends of tools/evaluate.py.
 Its end token decodes to "" (a control piece), which must stop generation by id, not become an
 empty stop string; the hf backend reads the export's own tokenizer as transformers loads it."""

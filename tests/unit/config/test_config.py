@@ -13,7 +13,7 @@ from implicit_megatron import load_config
 from implicit_megatron.config import phase_bounds
 from implicit_megatron.utils.typed_yaml import ConfigError
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 CONFIGS = ROOT / "configs"
 EXPERIMENTS = sorted(p for p in CONFIGS.rglob("*.yaml") if "parts" not in p.parts)
 
@@ -27,7 +27,7 @@ def _repo_cwd(monkeypatch):
 def test_every_config_validates(path):
     from implicit_megatron.train.curriculum import needs_own_launches, phase_configs
 
-    # catbAbI's data is not in the repository (README: catbAbI): its configs are checked on the fixture
+    # catbAbI's data is not in the repository (docs/paper.md: catbAbI): its configs are checked on the fixture
     data = ["task.catbabi.folder=tests/fixtures/catbabi"] if path.parent.name == "catbabi" else []
     if needs_own_launches(str(path), data):  # checked phase by phase, as curriculum.sh launches them
         configs = phase_configs(str(path), data, world_size=1)

@@ -12,7 +12,7 @@ import yaml
 from implicit_megatron import load_config
 from implicit_megatron.utils.typed_yaml import ConfigError
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 TINY = ROOT / "configs" / "tiny" / "mamba2-implicit.yaml"
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from support.tools import load_tool
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 ROCM, CUDA = ROOT / "Dockerfile", ROOT / "docker" / "cuda.Dockerfile"
 PYPROJECT = """\
 [project]

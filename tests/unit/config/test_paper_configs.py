@@ -10,7 +10,7 @@ from implicit_megatron import load_config
 from implicit_megatron.config import phase_bounds
 from implicit_megatron.train.schedule import learning_rate
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 # size: (Mamba2 layers, Llama layers, d_model, Llama heads, Llama head dim, peak LR)  -- Table 6
 TABLE6 = {

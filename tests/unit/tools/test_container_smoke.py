@@ -1,6 +1,6 @@
 """tools/container_smoke.sh where it cannot run (CI): one line saying what is missing, exit 0.
 
-The builds themselves need root, podman, buildah and debootstrap and take tens of minutes; the README
+The builds themselves need root, podman, buildah and debootstrap and take tens of minutes; docs/cluster.md
 says how to run them. Here only the skip, the shell's syntax and the stand-in base's Dockerfile.
 """
 
@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from support.tools import load_tool
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 SCRIPT = ROOT / "tools" / "container_smoke.sh"
 BASH = shutil.which("bash") or "/bin/bash"
 
