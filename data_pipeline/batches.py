@@ -10,16 +10,24 @@ Only whole global batches are served: a final partial one is dropped.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from typing import Protocol
 
 import numpy as np
 import torch
 
 
+class Samples(Protocol):
+    """What the iterator reads (a PackedDataset, or any sequence of arrays): `len()` samples by index."""
+
+    def __len__(self) -> int: ...
+
+    def __getitem__(self, index: int, /) -> np.ndarray: ...
+
+
 class DistributedBatchIterator:
     """Yields torch.LongTensor (micro_batch_size, seq_len + 1) for rank `dp_rank` of `dp_size`."""
 
-    def __init__(self, dataset: Sequence[np.ndarray], micro_batch_size: int, dp_rank: int, dp_size: int,
+    def __init__(self, dataset: Samples, micro_batch_size: int, dp_rank: int, dp_size: int,
                  grad_accum: int = 1, consumed_samples: int = 0) -> None:
         if micro_batch_size < 1 or dp_size < 1 or grad_accum < 1:
             raise ValueError(f"micro_batch_size, dp_size and grad_accum must be positive, got "

@@ -13,6 +13,7 @@ import os
 import time
 from dataclasses import dataclass, field
 from itertools import chain
+from typing import Any, cast
 
 import numpy as np
 
@@ -66,7 +67,7 @@ class BatchResult:
                            [s for s in self.skipped if s[0] < last_item], self.cpu_seconds)
 
 
-def decode_record(item: object, json_line: bool, text_key: str) -> tuple[str | None, str | None]:
+def decode_record(item: Any, json_line: bool, text_key: str) -> tuple[str | None, str | None]:
     """(text, None) for a usable record, else (None, skip reason); (None, BLANK) for a blank line.
 
     `item` is a raw JSON line (bytes) when `json_line`, else the text field's value."""
@@ -118,7 +119,7 @@ def encode_batch(tokenizer: Tokenizer, settings: EncodeSettings, batch: RawBatch
                 text, reason = None, "invalid_utf8"
         if text is None:
             if reason != BLANK:
-                skipped.append((i, reason, batch.location(i)))
+                skipped.append((i, cast(str, reason), batch.location(i)))  # a reason with no text
             continue
         texts.append(text)
         split = batch.split or split_of(raw, settings.valid_fraction, settings.test_fraction)
@@ -163,7 +164,7 @@ def init_worker(tokenizer_path: str, eod_token: str | None, settings: EncodeSett
 def encode_in_worker(batch: RawBatch) -> BatchResult:
     """Encode in a pool worker; `cpu_seconds` counts all of this process's CPU since its previous
     result (receiving and unpacking tasks, sending results), not just the encoding."""
-    tokenizer, settings = _WORKER
+    tokenizer, settings = cast("tuple[Tokenizer, EncodeSettings]", _WORKER)  # set by init_worker
     result = encode_batch(tokenizer, settings, batch)
     now = time.process_time()
     result.cpu_seconds, _LAST_CPU[0] = now - _LAST_CPU[0], now

@@ -11,9 +11,12 @@ import glob
 import os
 import re
 import warnings
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from typing_extensions import Buffer
 
 SHARD_SUFFIX = re.compile(r"_\d{5}$")
 
@@ -74,7 +77,8 @@ def document_lengths(prefix: str) -> np.ndarray:
 
 def append_documents(builder: Any, tokens: np.ndarray, lengths: np.ndarray) -> None:
     """Same bytes and index entries as `builder.add_document` once per document, in one write."""
-    builder.data_file.write(memoryview(np.ascontiguousarray(tokens, dtype=builder.dtype)).cast("B"))
+    contiguous = cast("Buffer", np.ascontiguousarray(tokens, dtype=builder.dtype))  # numpy's stubs: __buffer__ on 3.12+
+    builder.data_file.write(memoryview(contiguous).cast("B"))
     start = len(builder.sequence_lengths)
     builder.sequence_lengths.extend(lengths.tolist())
     builder.document_indices.extend(range(start + 1, start + 1 + len(lengths)))

@@ -13,6 +13,7 @@ import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import cast
 
 from data_pipeline.encoder import BatchResult
 from data_pipeline.indexed import append_documents, finalize, megatron_indexed
@@ -94,10 +95,12 @@ def write_parts(plan: Plan, first: int, total: Counts, encoders: EncoderPool, pr
                 return parts
             writer = PartWriter(plan, item.index, left)
         elif isinstance(item, Unreadable):
+            assert writer is not None  # the stream starts with an InputStart
             writer.counts.skip("unreadable_file", item.location)
             progress.warn(f"skipping the rest of {item.location}: {item.message}")
         else:
-            progress.add_batch(writer.add(item))
+            assert writer is not None  # the stream starts with an InputStart
+            progress.add_batch(writer.add(cast(BatchResult, item)))
             if writer.full:
                 break
     if writer is not None:

@@ -108,10 +108,10 @@ def _check_numbers(config: PreprocessConfig) -> None:
                               f"{config.valid_fraction + config.test_fraction} leaves nothing for training")
     if config.workers < 0:
         raise PreprocessError(f"--workers: expected 0 or more, got {config.workers}")
-    for name, value in (("--max-shard-tokens", config.max_shard_tokens), ("--limit-docs", config.limit_docs),
+    for name, count in (("--max-shard-tokens", config.max_shard_tokens), ("--limit-docs", config.limit_docs),
                         ("batch_bytes", config.batch_bytes), ("batch_docs", config.batch_docs)):
-        if value is not None and value < 1:
-            raise PreprocessError(f"{name}: expected a positive number, got {value}")
+        if count is not None and count < 1:
+            raise PreprocessError(f"{name}: expected a positive number, got {count}")
     if not config.text_key:
         raise PreprocessError("--text-key: empty field name")
 

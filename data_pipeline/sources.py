@@ -16,7 +16,7 @@ import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 JSONL_SUFFIXES = tuple(f".{base}{comp}" for base in ("jsonl", "json") for comp in ("", ".zst", ".gz", ".xz"))
 PARQUET_SUFFIXES = (".parquet",)
@@ -197,7 +197,7 @@ class ZstdFrames(io.RawIOBase):
 
         self._raw = open(path, "rb")  # noqa: SIM115 - closed by close()
         self._new = zstandard.ZstdDecompressor().decompressobj
-        self._frame = None
+        self._frame: zstandard.ZstdDecompressionObj | None = None
         self._out = b""
 
     def readable(self) -> bool:
@@ -225,7 +225,7 @@ class ZstdFrames(io.RawIOBase):
         super().close()
 
 
-def open_binary(path: str) -> io.RawIOBase:
+def open_binary(path: str) -> io.RawIOBase | io.BufferedIOBase | BinaryIO:
     """A binary stream over a possibly compressed file (by suffix); `read(n)` may return less."""
     name = path.lower()
     if name.endswith(".zst"):

@@ -10,6 +10,7 @@ from __future__ import annotations
 import lzma
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 EOD_CANDIDATES = ("<|endoftext|>", "<|end_of_text|>", "</s>", "<eos>", "<|eos|>")
 
@@ -22,7 +23,7 @@ class UnknownTokenError(ValueError):
 class Tokenizer:
     """Batch encode/decode with a known vocabulary size and end-of-document id."""
 
-    backend: object
+    backend: Any  # a tokenizers.Tokenizer (kind "hf") or a sentencepiece.SentencePieceProcessor
     kind: str  # "hf" or "sentencepiece"
     vocab_size: int
     eod_id: int

@@ -12,10 +12,14 @@ from collections import deque
 from collections.abc import Iterable, Iterator
 from concurrent.futures import Future
 from concurrent.futures.process import BrokenProcessPool
+from typing import TYPE_CHECKING
 
 from data_pipeline.encoder import EncodeSettings, encode_batch, encode_in_worker, init_worker
 from data_pipeline.sources import RawBatch
 from data_pipeline.tokenizer import Tokenizer
+
+if TYPE_CHECKING:
+    from concurrent.futures import ProcessPoolExecutor
 
 
 class EncoderPool:
@@ -23,7 +27,7 @@ class EncoderPool:
 
     def __init__(self, tokenizer: Tokenizer, eod_token: str | None, settings: EncodeSettings, workers: int) -> None:
         self.tokenizer, self.eod_token, self.settings, self.workers = tokenizer, eod_token, settings, workers
-        self.executor = None
+        self.executor: ProcessPoolExecutor | None = None
 
     def start(self) -> None:
         """Start the workers early, so that they load while the writer gets ready."""
@@ -47,6 +51,7 @@ class EncoderPool:
                 yield encode_batch(self.tokenizer, self.settings, item) if isinstance(item, RawBatch) else item
             return
         self.start()
+        assert self.executor is not None  # started: self.workers is not 0
         in_flight = 2 * self.workers + 2  # bounded: the reader never runs far ahead of the writer
         pending: deque = deque()
         try:

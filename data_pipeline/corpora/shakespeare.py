@@ -20,6 +20,7 @@ import re
 import tarfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import IO, cast
 
 NUMERAL = r"(?:[IVXLC]+|\d+|FIRST|SECOND|THIRD|FOURTH|FIFTH)"
 ACT_LINE = re.compile(rf"^\s*ACT\s+{NUMERAL}\.?\s*$", re.IGNORECASE)
@@ -116,10 +117,10 @@ def read_tar(path: str) -> list[Document]:
         members = {Path(m.name).name: m for m in tar.getmembers() if m.isfile()}
         titles = configparser.ConfigParser(interpolation=None)
         if "metadata.txt" in members:
-            titles.read_string(tar.extractfile(members["metadata.txt"]).read().decode("utf-8"))
+            titles.read_string(cast(IO[bytes], tar.extractfile(members["metadata.txt"])).read().decode("utf-8"))
         documents: list[Document] = []
         for name in sorted(n for n in members if n.endswith("_gut.txt")):
-            raw = tar.extractfile(members[name]).read().decode("utf-8")
+            raw = cast(IO[bytes], tar.extractfile(members[name])).read().decode("utf-8")  # members: files
             section = name.removesuffix(".txt")
             title = titles.get(section, "title", fallback=None) or raw.strip().split("\n")[0].strip().title()
             documents.extend(documents_of(name, raw, title))

@@ -27,6 +27,7 @@ import warnings
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import cast
 
 import numpy as np
 
@@ -137,6 +138,7 @@ def parse_babi_file(path: str | os.PathLike, task: int | None = None, split_answ
         if isinstance(parsed, str):
             _skip(malformed, MalformedLine(str(path), number, parsed, line), strict)
             continue
+        assert match is not None  # parsed is a str where the line does not match
         if not stories or match.group(1) == "1":  # ID 1 starts a new story
             stories.append(Story(task, source=str(path), line=number))
         story, (words, answers) = stories[-1], parsed
@@ -177,7 +179,8 @@ def split_files(folder: str | os.PathLike, split: str) -> tuple[list[Path], str]
     """The files of `split` in `folder` and their format ("babi" or "catbabi")."""
     folder = Path(folder)
     babi = re.compile(rf"^qa(\d+)_(?:.*_)?{re.escape(split)}\.txt$")
-    found = sorted((p for p in folder.iterdir() if babi.match(p.name)), key=lambda p: int(babi.match(p.name)[1]))
+    found = sorted((p for p in folder.iterdir() if babi.match(p.name)),
+                   key=lambda p: int(cast(re.Match, babi.match(p.name))[1]))
     if found:
         return found, "babi"
     converted = sorted(p for p in folder.glob(f"*{split}.txt") if p.name == f"{split}.txt" or

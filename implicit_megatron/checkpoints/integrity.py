@@ -19,6 +19,7 @@ import json
 import zipfile
 import zlib
 from pathlib import Path
+from typing import cast
 
 import torch
 
@@ -250,9 +251,9 @@ def check_tag(tag_dir: Path, crc: bool = True) -> None:
 def newest_complete(folder: Path, before: int | None = None,
                     crc: bool = True) -> tuple[str | None, list[DamagedCheckpoint]]:
     """The newest complete tag (with a step below `before` if given) and the damage met on the way."""
-    damaged = []
+    damaged: list[DamagedCheckpoint] = []
     for tag in tags_by_step(folder):
-        if before is not None and step_of(tag) >= before:
+        if before is not None and cast(int, step_of(tag)) >= before:
             continue
         try:
             check_tag(folder / tag, crc)

@@ -20,6 +20,7 @@ import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
+from typing import cast
 
 from implicit_megatron.checkpoints import safe_load
 from implicit_megatron.config import Config
@@ -53,6 +54,11 @@ class DamagedCheckpoint(ValueError):
 def step_of(tag: str) -> int | None:
     match = re.search(r"(?:^|-)step(\d+)$", tag)
     return int(match.group(1)) if match else None
+
+
+def _known_step(tag: str) -> int:
+    """step_of for a tag already known to name a step."""
+    return cast(int, step_of(tag))
 
 
 def phase_of(tag: str) -> str | None:
@@ -114,7 +120,7 @@ def tags_by_step(folder: Path) -> list[str]:
     """The tag folders of a checkpoints folder, newest step first."""
     tags = [p.name for p in folder.iterdir() if p.is_dir() and not p.name.startswith(".")
             and step_of(p.name) is not None] if folder.is_dir() else []
-    return sorted(tags, key=lambda t: step_of(t), reverse=True)
+    return sorted(tags, key=_known_step, reverse=True)
 
 
 @dataclass(frozen=True)
@@ -167,14 +173,15 @@ def prune(folder: Path, keep_last: int, latest: str, log=print) -> None:
     the lowest recorded validation loss (a run that diverges keeps its best weights), and those held
     (`hold`) until a checkpoint newer than their release step exists (all, when the hold list is
     damaged: read_held)."""
-    newest = step_of(latest)
+    newest = _known_step(latest)
     entries = read_held(folder, log)
     if entries is None:
         return
     held = {tag for tag, entry in entries.items() if (folder / tag).is_dir() and
             (entry.get("released_at") is None or newest <= entry["released_at"])}
     write_held(folder, {tag: entry for tag, entry in entries.items() if tag in held})
-    tags = sorted((folder / t for t in tags_by_step(folder) if step_of(t) <= newest), key=lambda p: step_of(p.name))
+    tags = sorted((folder / t for t in tags_by_step(folder) if _known_step(t) <= newest),
+                  key=lambda p: _known_step(p.name))
     scored = [(loss, path) for path in tags if (loss := recorded_val_loss(path)) is not None]
     best = min(scored, key=lambda s: s[0])[1] if scored else None
     for old in tags[:-keep_last] if keep_last > 0 else []:

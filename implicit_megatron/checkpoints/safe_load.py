@@ -33,9 +33,10 @@ def allowed() -> list:
         from deepspeed.runtime.fp16.loss_scaler import LossScaler
         from deepspeed.runtime.zero.config import ZeroStageEnum
         from deepspeed.utils.tensor_fragment import fragment_address
+    from numpy._core.multiarray import _reconstruct
 
     return [LossScaler, ZeroStageEnum, fragment_address, np.ndarray, np.dtype, np.dtypes.UInt32DType,
-            np._core.multiarray._reconstruct]
+            _reconstruct]
 
 
 _trust = False

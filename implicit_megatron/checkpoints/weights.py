@@ -3,6 +3,11 @@ checkpoint's weights fit a config (consolidating them from any layout is checkpo
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, cast
+
+if TYPE_CHECKING:
+    from implicit_megatron.implicit.weight_norm import WeightNormConv1d, WeightNormLinear
+
 from pathlib import Path
 
 import torch
@@ -20,7 +25,8 @@ def load_weights(model: torch.nn.Module, state: dict[str, torch.Tensor], where: 
     starts from an explicit model.
     """
     own = model.state_dict()
-    direct, folded = {}, {}
+    direct: dict[str, torch.Tensor] = {}
+    folded: dict[str, torch.Tensor] = {}
     for name, tensor in state.items():
         target = name if name in own else name.removesuffix(".weight") + ".parametrizations.weight.original1"
         if target not in own:
@@ -39,7 +45,7 @@ def load_weights(model: torch.nn.Module, state: dict[str, torch.Tensor], where: 
     model.load_state_dict(direct, strict=False)
     with torch.no_grad():
         for name, tensor in folded.items():  # g and v that give this weight
-            module = model.get_submodule(name.removesuffix(".weight"))
+            module = cast("WeightNormLinear | WeightNormConv1d", model.get_submodule(name.removesuffix(".weight")))
             module.set_weight(tensor.to(module.parametrizations.weight.original1.dtype))
     return fresh
 

@@ -54,9 +54,10 @@ def field_comments(cls: type) -> dict[str, str]:
             comments[token.start[0]] = token.string.lstrip("#").strip()
     lines = source.splitlines()
     found = {}
-    for node in ast.parse(source).body[0].body:
+    for node in typing.cast(ast.ClassDef, ast.parse(source).body[0]).body:
         if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
-            above, row = [], node.lineno - 1
+            above: list[str] = []
+            row = node.lineno - 1
             while row >= 1 and lines[row - 1].strip().startswith("#"):
                 above.insert(0, comments[row])
                 row -= 1
@@ -108,20 +109,22 @@ def default_of(f: dataclasses.Field):
 def section_rows(cls: type, prefix: str, paper: list[dict]) -> tuple[list[str], list[tuple[str, type]]]:
     """The table rows of one section, and its sub-sections (key, dataclass) to render after it."""
     comments, hints = field_comments(cls), typing.get_type_hints(cls, include_extras=False)
-    annotations = {n.target.id: ast.unparse(n.annotation) for n in ast.parse(inspect.getsource(cls)).body[0].body
+    class_def = typing.cast(ast.ClassDef, ast.parse(inspect.getsource(cls)).body[0])
+    annotations = {n.target.id: ast.unparse(n.annotation) for n in class_def.body
                    if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name)}
-    rows, subsections = [], []
+    rows: list[str] = []
+    subsections: list[tuple[str, type]] = []
     for f in dataclasses.fields(cls):
         if not f.init:
             continue
         key = f"{prefix}{f.name}"
         hint = hints[f.name]
         if dataclasses.is_dataclass(hint):
-            subsections.append((key, hint))
+            subsections.append((key, typing.cast(type, hint)))
             continue
         inner = typing.get_args(hint)
         if typing.get_origin(hint) is list and inner and dataclasses.is_dataclass(inner[0]):
-            subsections.append((f"{key}[i]", inner[0]))
+            subsections.append((f"{key}[i]", typing.cast(type, inner[0])))
         default = default_of(f)
         papers = [value_text(value) for run in paper if (value := _lookup(run, key)) is not dataclasses.MISSING]
         differs = any(p != value_text(default) for p in papers)
@@ -151,7 +154,7 @@ def render() -> str:
     for run in paper:  # the phases of the paper's runs, shown as their own list
         run["curriculum"].pop("phases")
     parts = [HEADER]
-    pending = [("", schema.Config)]
+    pending: list[tuple[str, type]] = [("", schema.Config)]
     while pending:
         prefix, cls = pending.pop(0)
         title = f"`{prefix.removesuffix('.')}`" if prefix else "Top level"

@@ -98,13 +98,13 @@ def validate(cfg: Config, fail, world_size: int | None = None) -> None:
         if (m.d_inner // s.headdim) % s.ngroups:
             fail("model.mamba2.ngroups", f"nheads = {m.d_inner // s.headdim} is not divisible by ngroups")
     else:
-        s = m.llama
-        positive("model.llama.n_heads", s.n_heads)
-        if m.d_model % s.n_heads or (m.d_model // s.n_heads) % 2:
-            fail("model.llama.n_heads", f"d_model {m.d_model} must split into n_heads {s.n_heads} heads "
+        ls = m.llama
+        positive("model.llama.n_heads", ls.n_heads)
+        if m.d_model % ls.n_heads or (m.d_model // ls.n_heads) % 2:
+            fail("model.llama.n_heads", f"d_model {m.d_model} must split into n_heads {ls.n_heads} heads "
                                         "of even size (RoPE rotates pairs)")
-        if s.n_kv_heads is not None and (s.n_kv_heads <= 0 or s.n_heads % s.n_kv_heads):
-            fail("model.llama.n_kv_heads", f"must divide n_heads {s.n_heads}, got {s.n_kv_heads}")
+        if ls.n_kv_heads is not None and (ls.n_kv_heads <= 0 or ls.n_heads % ls.n_kv_heads):
+            fail("model.llama.n_kv_heads", f"must divide n_heads {ls.n_heads}, got {ls.n_kv_heads}")
 
     im = cfg.implicit
     positive("implicit.max_iter", im.max_iter)

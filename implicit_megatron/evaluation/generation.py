@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import cast
 
 import torch
 
@@ -82,7 +83,7 @@ def generate_batch(model: LanguageModel, prompts: list[list[int]], sampling: Sam
     Sampled rows draw from one generator in row order, so their draws depend on the batch."""
     if any(not ids for ids in prompts) and eod_id is None:
         raise ValueError("an empty prompt needs an end-of-document token to start from")
-    prompts = [list(ids) if ids else [eod_id] for ids in prompts]
+    prompts = [list(ids) if ids else [cast(int, eod_id)] for ids in prompts]  # checked above
     core, device = model.core, model.embedding.weight.device
     generator = torch.Generator().manual_seed(sampling.seed) if sampling.seed is not None else None
     results = [GenerationResult(ids) for ids in prompts]
@@ -100,14 +101,14 @@ def generate_batch(model: LanguageModel, prompts: list[list[int]], sampling: Sam
     active = torch.ones(len(prompts), dtype=torch.bool, device=device)
     for _ in range(sampling.max_new_tokens):
         tokens = sample_next(model.logits(z[:, -1]), model.vocab_size, sampling, generator)
-        passes, residual = stats[-1].passes_per_sample.tolist(), stats[-1].residual.tolist()
+        token_passes, residual = stats[-1].passes_per_sample.tolist(), stats[-1].residual.tolist()
         for row in active.nonzero().flatten().tolist():
             result, token = results[row], int(tokens[row])
             result.new_ids.append(token)
-            result.passes.append(int(passes[row]))
+            result.passes.append(int(token_passes[row]))
             result.residuals.append(float(residual[row]))
             if on_token is not None:
-                on_token(row, token, int(passes[row]), float(residual[row]))
+                on_token(row, token, int(token_passes[row]), float(residual[row]))
             done = (sampling.stop_at_eod and token == eod_id) or (stop is not None and stop(row, result.new_ids))
             if done or len(result.new_ids) == sampling.max_new_tokens:
                 active[row] = False  # the last token needs no step of its own

@@ -10,6 +10,8 @@ logits are masked. Importing this module registers the model.
 
 from __future__ import annotations
 
+from typing import cast
+
 import torch
 from lm_eval.api.model import TemplateLM
 from lm_eval.api.registry import register_model
@@ -47,7 +49,7 @@ class ImplicitMegatronLM(TemplateLM):
             raise ValueError(f"mode must be simultaneous or sequential, not {mode!r}")
         self.loaded, self.model, self.tok = loaded, loaded.model, loaded.tokenizer
         self.mode = mode
-        self.batch_size = int(batch_size) if str(batch_size).isdigit() else DEFAULT_BATCH_SIZE
+        self.batch_size = int(cast("int | str", batch_size)) if str(batch_size).isdigit() else DEFAULT_BATCH_SIZE
         self.max_length = int(max_length or loaded.cfg.data.seq_len)
         self._device = self.model.embedding.weight.device
 
@@ -104,7 +106,7 @@ class ImplicitMegatronLM(TemplateLM):
                 results[index] = answer
                 if key is not None:
                     self.cache_hook.add_partial("loglikelihood", key, answer)
-        return results
+        return cast("list[tuple[float, bool]]", results)  # every request answered
 
     def loglikelihood_rolling(self, requests, disable_tqdm: bool = False) -> list[float]:
         """Each document's whole log-likelihood in disjoint windows of max_length, conditioned on EOD."""
@@ -147,7 +149,7 @@ class ImplicitMegatronLM(TemplateLM):
                         text = text.split(u)[0]
                     self.cache_hook.add_partial("generate_until", requests[index].args, text)
                     out[index] = text
-        return out
+        return cast("list[str]", out)  # every request answered
 
     def _generation_settings(self, gen_kwargs: dict | None) -> tuple:
         """(stop strings, max new tokens, temperature, top_k, top_p) of a request: greedy unless do_sample."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import cast
 
 from implicit_megatron.evaluation.lm_eval_data import check_tasks
 from implicit_megatron.evaluation.lm_eval_options import LmEvalOptions
@@ -65,5 +66,5 @@ def run_lm_eval(loaded: LoadedModel, options: LmEvalOptions) -> dict:
         tasks[task] = {k.split(",")[0]: float(v) for k, v in metrics.items()
                        if isinstance(v, (int, float)) and "_stderr" not in k}
     return {"backend": options.backend, "mode": options.mode, "tasks": tasks,
-            "n_samples": {t: int(n.get("effective", n.get("original", 0))) if isinstance(n, dict) else int(n)
+            "n_samples": {t: int(cast(int, n.get("effective", n.get("original", 0)))) if isinstance(n, dict) else int(n)
                           for t, n in out.get("n-samples", {}).items()}}

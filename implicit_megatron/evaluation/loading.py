@@ -10,12 +10,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
 from implicit_megatron.config import Config
 from implicit_megatron.evaluation.phases import SolverChoice, apply_solver, resolve_solver
 from implicit_megatron.models.lm import LanguageModel
+
+if TYPE_CHECKING:
+    from data_pipeline.tokenizer import Tokenizer
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -30,7 +34,7 @@ class LoadedModel:
 
     model: LanguageModel
     cfg: Config
-    tokenizer: object  # data_pipeline.tokenizer.Tokenizer
+    tokenizer: Tokenizer
     source: str
     kind: str  # "checkpoint" or "export"
     tag: str | None = None

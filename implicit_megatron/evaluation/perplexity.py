@@ -63,7 +63,9 @@ def token_nll(model: LanguageModel, windows: torch.Tensor, batch_size: int, prog
     """Per-token NLL and greedy prediction of every window (L inputs, L labels), and the solver
     statistics of each batch; `progress(windows done)` is called at most every `every` seconds."""
     device = model.embedding.weight.device
-    rows, greedy, stats = [], [], []
+    rows: list[torch.Tensor] = []
+    greedy: list[torch.Tensor] = []
+    stats: list[BatchStats] = []
     last = time.monotonic()
     for batch in batches(windows, batch_size):
         if progress is not None and time.monotonic() - last >= every:

@@ -4,6 +4,11 @@ curriculum's phases shaded. Reads `RunCurves` (tracking.run_curves) only."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from matplotlib.artist import Artist
+
 import math
 from pathlib import Path
 
@@ -19,7 +24,7 @@ PANELS = [
 ]
 GRAD_NORM = ("Gradient norm", "norm", [("train/grad_norm", False)], True)
 ACCURACY = ("Accuracy", "accuracy", [("train/accuracy", False), ("val/accuracy", True)], False)
-VALIDATION_STYLE = {"linestyle": "--", "marker": "o", "markersize": 3}
+VALIDATION_STYLE: dict[str, Any] = {"linestyle": "--", "marker": "o", "markersize": 3}
 
 
 def with_train_ppl(run):
@@ -99,7 +104,7 @@ def legend(fig, runs, names, colours) -> None:
     from matplotlib.lines import Line2D
     from matplotlib.patches import Patch
 
-    handles = [Line2D([], [], color=f"C{i}", linewidth=2, label=name) for i, name in enumerate(names)]
+    handles: list[Artist] = [Line2D([], [], color=f"C{i}", linewidth=2, label=name) for i, name in enumerate(names)]
     handles += [Line2D([], [], color="0.3", linewidth=1.2, label="training"),
                 Line2D([], [], color="0.3", label="validation", **VALIDATION_STYLE)]
     handles += [Patch(color=colour, alpha=0.5, label=f"phase {name} {label}") for (name, label), colour in

@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import cast
 
 import torch
 
@@ -126,10 +127,11 @@ class Evaluation:
         self._sequential: tuple[NLLResult, SequentialResult] | None = None
 
     def windows(self, length: int, count: int | None) -> torch.Tensor:
-        windows = load_windows(self.options.data, length, self.seed, self.options.split, count)
+        data = cast(str, self.options.data)  # the tasks that read windows are those of --data
+        windows = load_windows(data, length, self.seed, self.options.split, count)
         vocab = self.loaded.cfg.model.vocab_size
         if windows.numel() and int(windows.max()) >= vocab:
-            raise ValueError(vocabulary_mismatch(self.options.data, int(windows.max()), vocab, self.loaded))
+            raise ValueError(vocabulary_mismatch(data, int(windows.max()), vocab, self.loaded))
         return windows
 
     def nll(self, length: int) -> NLLResult:

@@ -118,7 +118,8 @@ def _curves(results: dict, metric: str) -> dict[str, tuple[list[int], list[float
     for model, seeds in results["runs"].items():
         plain = {n for sets in seeds.values() for n in sets if n.count("-") == 0}
         names = sorted(plain, key=lambda n: parse_set_name(n)[0])
-        means, bars = [], [[], []]
+        means: list[float] = []
+        bars: list[list[float]] = [[], []]
         for name in names:
             values = [sets[name][metric] for sets in seeds.values() if name in sets]
             mean = statistics.fmean(values)

@@ -49,9 +49,9 @@ def evaluate_words(model: LanguageModel, words: torch.Tensor, labels: torch.Tens
             converged += sum(s.converged.double().sum().item() for s in stats) / len(stats)
         else:
             logits = model(x)
-            stats = model.solver_stats()
-            passes.append(stats.passes_per_sample.double().mean().item() if stats is not None else 1)
-            converged += stats.converged.double().sum().item() if stats is not None else len(x)
+            solved = model.solver_stats()
+            passes.append(solved.passes_per_sample.double().mean().item() if solved is not None else 1)
+            converged += solved.converged.double().sum().item() if solved is not None else len(x)
         hits = (logits[..., :model.vocab_size].argmax(-1) == y).double()
         correct += hits.sum().item()
         correct_last += hits[:, -last:].sum().item()

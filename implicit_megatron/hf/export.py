@@ -17,6 +17,7 @@ import json
 import os
 import shutil
 from pathlib import Path
+from typing import Any, Literal
 
 import torch
 
@@ -82,8 +83,9 @@ def model_fields(cfg: Config) -> dict:
     the width of the logits (padding rows included), the model's size, and the length it was
     trained at as `max_position_embeddings` (neither backbone has a limit; tools size windows by it)."""
     m = cfg.model
-    fields = {"vocab_size": m.padded_vocab_size, "hidden_size": m.d_model, "num_hidden_layers": m.n_layers,
-              "max_position_embeddings": cfg.data.seq_len, "tie_word_embeddings": m.tie_embeddings}
+    fields: dict[str, Any] = {"vocab_size": m.padded_vocab_size, "hidden_size": m.d_model,
+                              "num_hidden_layers": m.n_layers, "max_position_embeddings": cfg.data.seq_len,
+                              "tie_word_embeddings": m.tie_embeddings}
     if m.arch == "llama":
         fields.update(num_attention_heads=m.llama.n_heads, num_key_value_heads=m.llama.n_kv_heads or m.llama.n_heads,
                       intermediate_size=m.ffn_dim, rope_theta=m.llama.rope_theta)
@@ -193,7 +195,7 @@ def read_folder_config(folder: Path) -> Config:
     return cfg
 
 
-def checked_eval_stop(value, source: str) -> str:
+def checked_eval_stop(value, source: str) -> Literal["token", "sequence", "batch"]:
     """An exported model's stop rule outside training: its config's top-level `eval_stop` (the run
     config inside records how the run validated, and folders exported before this field existed hold
     the old default there), "token" unless a client names another rule."""

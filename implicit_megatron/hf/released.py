@@ -15,6 +15,7 @@ import json
 import logging
 import re
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -109,9 +110,9 @@ def released_overrides(hf: dict, src: Path) -> list[str]:
             logger.warning("%s: the released token-by-token Mamba2 path adds %s noise (%s dB); not applied here",
                            src, noise.get("noise_mode", "multiplicative"), max(levels))
         fixed = {"norm_before_gate": False, "D_has_hdim": False, "rmsnorm": True, "dt_limit": None}
-        for key, want in fixed.items():
-            if key in block and block.pop(key) not in (want, [0.0, float("inf")]):
-                _refuse(src, f"backbone_config.block_cfg.{key}", "?", f"only {key}={want} is supported")
+        for key, fixed_value in fixed.items():
+            if key in block and block.pop(key) not in (fixed_value, [0.0, float("inf")]):
+                _refuse(src, f"backbone_config.block_cfg.{key}", "?", f"only {key}={fixed_value} is supported")
         defaults = {"d_state": 128, "expand": 2, "headdim": 64, "ngroups": 1, "d_conv": 4, "chunk_size": 256,
                     "bias": False, "conv_bias": True}
         for key, default in defaults.items():
@@ -218,7 +219,7 @@ def released_config(cfg: Config, dtype: torch.dtype) -> dict:
             raise ValueError(f"model.llama.ffn_dim={ffn}: the released MLP width int(2 d_inner / 3) cannot equal it")
         if m.llama.n_kv_heads not in (None, m.llama.n_heads) or m.llama.attention_bias:
             raise ValueError("grouped-query attention and attention biases have no released counterpart")
-        block = {"n_head": m.llama.n_heads, "rope_theta": m.llama.rope_theta}
+        block: dict[str, Any] = {"n_head": m.llama.n_heads, "rope_theta": m.llama.rope_theta}
         extra = {"d_inner": d_inner, "mlp_type": "llama_mlp", "block_type": "transformer"}
     else:
         s = m.mamba2
@@ -298,10 +299,10 @@ def _released_name(name: str, inverse_layer: dict[str, str], inverse_top: dict[s
         index, rest = match.groups()
         prefix = next(p for p in inverse_layer if rest.startswith(p))
         return f"backbone.layers.{index}.{inverse_layer[prefix]}{rest[len(prefix):]}"
-    prefix = next((p for p in inverse_top if name.startswith(p)), None)
-    if prefix is None:
+    top = next((p for p in inverse_top if name.startswith(p)), None)
+    if top is None:
         raise ValueError(f"tensor {name!r} has no released counterpart")
-    return inverse_top[prefix] + name[len(prefix):]
+    return inverse_top[top] + name[len(top):]
 
 
 def export_released(model, cfg: Config, out_dir: str | Path, dtype: torch.dtype = torch.float32) -> Path:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass, field, fields, replace
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol, cast
 
 import torch
 from torch import nn
@@ -26,6 +26,9 @@ from implicit_megatron.implicit.graph_runtime import CaptureFailed, GraphRuntime
 from implicit_megatron.implicit.injection import Injection
 from implicit_megatron.implicit.phantom import phantom_steps
 from implicit_megatron.implicit.solver import Function, SolverStats, relative_residual, released_solve, solve
+
+if TYPE_CHECKING:
+    from implicit_megatron.models.backbone import BackboneState
 
 
 @dataclass
@@ -184,7 +187,7 @@ class ImplicitCore(nn.Module):
 
     def set_phase(self, **changes) -> None:
         """Switch solver settings, e.g. set_phase(max_iter=24, tol=0.05, phantom_steps=4)."""
-        self.settings = replace(self.settings, **changes)
+        self.settings = replace(cast(SolverSettings, self.settings), **changes)  # an implicit core's
         self.graphs.phase_changed()
 
     # ------------------------------------------------------------------ simultaneous mode
@@ -207,6 +210,7 @@ class ImplicitCore(nn.Module):
         if not self.implicit:
             return passes.explicit(x)
         s = self.settings
+        assert s is not None  # implicit
         inj = self.injection(x) if self.injection is not None else None
         z0 = torch.zeros_like(x)
         if s.gradient != "phantom" and torch.is_grad_enabled():  # the ablations
@@ -262,7 +266,7 @@ class ImplicitCore(nn.Module):
 
     def forward_sequential(self, x: torch.Tensor, state=None, max_len: int | None = None,
                            mask: torch.Tensor | None = None, last: torch.Tensor | None = None
-                           ) -> tuple[torch.Tensor, object, list[SolverStats]]:
+                           ) -> tuple[torch.Tensor, BackboneState, list[SolverStats]]:
         """x (B, T, d) one token at a time: see sequential.forward_sequential."""
         return sequential.forward_sequential(self, x, state, max_len, mask, last)
 

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable
+from typing import cast
 
 import torch
 from torch import nn
@@ -55,7 +56,7 @@ def difference(got: torch.Tensor | None, expected: torch.Tensor | None) -> float
     """||got - expected|| / ||expected|| (a missing gradient counts as zeros; NaN counts as infinite)."""
     if got is None and expected is None:
         return 0.0
-    got = torch.zeros_like(expected) if got is None else got
+    got = torch.zeros_like(cast(torch.Tensor, expected)) if got is None else got  # not both None
     expected = torch.zeros_like(got) if expected is None else expected
     gap = (got.double() - expected.double()).norm() / expected.double().norm().clamp_min(1e-30)
     return float("inf") if not torch.isfinite(gap) else gap.item()
@@ -118,7 +119,7 @@ def capture(graph, **kwargs):
         torch.cuda.set_stream(stream)
 
 
-def _warm_up(run: Callable[[], None]) -> None:
+def _warm_up(run: Callable[[], object]) -> None:
     """Lazy initialisation and Triton autotuning run outside the capture, on a side stream."""
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
@@ -178,9 +179,9 @@ class SolverGraphs:
     def start(self, inj: torch.Tensor | None, seq_idx: torch.Tensor | None) -> None:
         """Take this forward's inputs (the weights are the core's `NormGraphs.refresh`)."""
         if inj is not None:
-            self.inj.copy_(inj)
+            cast(torch.Tensor, self.inj).copy_(inj)  # captured with an injection
         if seq_idx is not None:
-            self.seq_idx.copy_(seq_idx)
+            cast(torch.Tensor, self.seq_idx).copy_(seq_idx)
 
     def step(self, z: torch.Tensor, need_residual: bool) -> tuple[torch.Tensor, torch.Tensor]:
         """One pass: F(z) and its residual, in buffers the next step overwrites."""
@@ -235,7 +236,7 @@ class GradGraphs:
         passes = PassesWithGradient(backbone, steps, damping)
         inputs = [self.z, self.inj, *aliases.values()]
         self.wants = [t is not None and t.requires_grad for t in inputs]
-        needed = [t for t, want in zip(inputs, self.wants, strict=True) if want]
+        needed = cast("list[torch.Tensor]", [t for t, want in zip(inputs, self.wants, strict=True) if want])
 
         def run() -> torch.Tensor:
             with torch.enable_grad():
@@ -261,7 +262,7 @@ class GradGraphs:
         with torch.no_grad():
             for static, value in ((self.seq_idx, seq_idx), (self.z, z), (self.inj, inj)):
                 if value is not None:
-                    static.copy_(value)
+                    cast(torch.Tensor, static).copy_(value)
             self.forward_graph.replay()
             self.generation += 1  # a backward of an earlier forward can no longer be replayed
             out = self.out.clone()
@@ -276,7 +277,7 @@ class GradGraphs:
         with torch.enable_grad():
             expected = functional_call(PassesWithGradient(self.backbone, self.steps, self.damping), aliases,
                                        (inputs[0], inputs[1], seq_idx))
-            needed = [t for t, want in zip(inputs, self.wants, strict=True) if want]
+            needed = cast("list[torch.Tensor]", [t for t, want in zip(inputs, self.wants, strict=True) if want])
             expected_grads = iter(torch.autograd.grad(expected, needed, cotangent, allow_unused=True))
         gaps = [difference(out, expected.detach())]
         for got, want in zip(grads, self.wants, strict=True):
@@ -287,7 +288,7 @@ class GradGraphs:
     def __call__(self, z: torch.Tensor, inj: torch.Tensor | None, seq_idx: torch.Tensor | None) -> torch.Tensor:
         """The passes' output for this forward, differentiable in z, inj and every parameter."""
         if seq_idx is not None:
-            self.seq_idx.copy_(seq_idx)
+            cast(torch.Tensor, self.seq_idx).copy_(seq_idx)
         return _Replayed.apply(self, z, inj, *self.params.values())
 
 
@@ -296,8 +297,9 @@ class _Replayed(torch.autograd.Function):
     def forward(ctx, graphs: GradGraphs, z: torch.Tensor, inj: torch.Tensor | None, *params: torch.Tensor):
         if z.data_ptr() != graphs.z.data_ptr():
             graphs.z.copy_(z)
-        if inj is not None and inj.data_ptr() != graphs.inj.data_ptr():
-            graphs.inj.copy_(inj)
+        static_inj = cast(torch.Tensor, graphs.inj)  # read only where inj is given: captured with one
+        if inj is not None and inj.data_ptr() != static_inj.data_ptr():
+            static_inj.copy_(inj)
         graphs.forward_graph.replay()
         graphs.generation += 1
         ctx.graphs, ctx.generation = graphs, graphs.generation

@@ -12,13 +12,13 @@ import torch
 from implicit_megatron.implicit.damping import damped
 from implicit_megatron.implicit.solver import SolverStats
 from implicit_megatron.implicit.token_solve import released_token, solve_token
-from implicit_megatron.models.backbone import commit_state
+from implicit_megatron.models.backbone import BackboneState, commit_state
 
 
 @torch.no_grad()
 def forward_sequential(core, x: torch.Tensor, state=None, max_len: int | None = None,
                        mask: torch.Tensor | None = None, last: torch.Tensor | None = None
-                       ) -> tuple[torch.Tensor, object, list[SolverStats]]:
+                       ) -> tuple[torch.Tensor, BackboneState, list[SolverStats]]:
     """Process x (B, T, d) one token at a time; returns z (B, T, d), the committed state and
     per-token statistics. `state` continues a previous call (generation); None starts a fresh
     one with room for `max_len` tokens (default T; Llama's KV cache needs it, Mamba2's state is

@@ -122,8 +122,7 @@ def solve_with(step: Step, z0: torch.Tensor, max_iter: int, tol: float | None,
     asks for the residual of the last pass only; a free phase asks every pass, and that one number
     per pass (agreed over the ranks) is the only thing the host waits for.
     """
-    accelerate = anderson is not None and anderson.enabled
-    history = _AndersonHistory(anderson) if accelerate else None
+    history = _AndersonHistory(anderson) if anderson is not None and anderson.enabled else None
     if max_iter == 0:  # (0+k): the phantom steps alone, e.g. to compare with unrolled backprop
         ones = torch.ones(z0.shape[0], dtype=torch.bool, device=z0.device)
         return z0, SolverStats(0, torch.zeros(z0.shape[0], device=z0.device), ones)
@@ -141,6 +140,7 @@ def solve_with(step: Step, z0: torch.Tensor, max_iter: int, tol: float | None,
             if not any_left(~tokens[2], group):
                 break
         elif tol is not None:
+            assert residual is not None  # asked for: tol is set
             best = _keep_lowest(best, f_z, residual, active if per_sample else None)
             if per_sample:
                 active &= ~(residual < tol)
@@ -154,6 +154,7 @@ def solve_with(step: Step, z0: torch.Tensor, max_iter: int, tol: float | None,
         return f_z, SolverStats(passes, residual, stopped.flatten(1).all(dim=1), row_passes=row_passes)
     if best is not None:
         f_z, residual = best
+    assert residual is not None  # the last pass asks for it, and a pass that stops early has tol set
     converged = residual < tol if tol is not None else torch.ones_like(residual, dtype=torch.bool)
     return f_z, SolverStats(passes, residual, converged, row_passes=row_passes if per_sample else None)
 

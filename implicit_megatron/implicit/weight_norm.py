@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING, cast
 
 import torch
 from torch import nn
@@ -45,8 +46,15 @@ def _row_norms(weight: torch.Tensor) -> torch.Tensor:
     return torch.norm_except_dim(weight.detach(), 2, 0)
 
 
+if TYPE_CHECKING:
+    class _Parametrizations(nn.ModuleDict):
+        weight: WeightNormParameters
+
+
 class _WeightNormed:
     """Mixed into Linear and Conv1d: `weight` is g * v / ||v||, or the value `reading` hands in."""
+
+    parametrizations: _Parametrizations  # set by apply_weight_norm
 
     @property
     def weight(self) -> torch.Tensor:
@@ -61,11 +69,11 @@ class _WeightNormed:
             originals.original1.copy_(weight)
 
 
-class WeightNormLinear(_WeightNormed, nn.Linear):
+class WeightNormLinear(_WeightNormed, nn.Linear):  # type: ignore[override]  # weight: a property, not a Parameter
     pass
 
 
-class WeightNormConv1d(_WeightNormed, nn.Conv1d):
+class WeightNormConv1d(_WeightNormed, nn.Conv1d):  # type: ignore[override]  # weight: a property, not a Parameter
     pass
 
 
@@ -79,7 +87,7 @@ def apply_weight_norm(module: nn.Module) -> None:
     changes += 1
     for layer in list(module.modules()):
         if type(layer) in WEIGHT_NORMED:
-            weight = layer._parameters.pop("weight")
+            weight = cast(nn.Parameter, layer._parameters.pop("weight"))  # Linear's and Conv1d's: never None
             layer.parametrizations = nn.ModuleDict({"weight": WeightNormParameters(weight)})
             layer.__class__ = WEIGHT_NORMED[type(layer)]
 
@@ -94,17 +102,19 @@ def remove_weight_norm(module: nn.Module) -> None:
             del layer.parametrizations
             layer.__dict__.pop("_weight_value", None)
             layer.__class__ = next(base for base, normed in WEIGHT_NORMED.items() if isinstance(layer, normed))
-            layer.weight = nn.Parameter(weight)
+            plain: nn.Module = layer  # a plain Linear or Conv1d again
+            plain.weight = nn.Parameter(weight)
 
 
 def weight_normed(module: nn.Module) -> list[tuple[str, nn.Module]]:
     """(name, layer) of every weight-normalised layer in `module`, in module order."""
-    return [(name, layer) for name, layer in module.named_modules() if isinstance(layer, _WeightNormed)]
+    return [(name, cast(nn.Module, layer)) for name, layer in module.named_modules()
+            if isinstance(layer, _WeightNormed)]
 
 
 def compute(layers: Sequence[nn.Module]) -> list[torch.Tensor]:
     """Each layer's weight from its g and v (with gradient where grad mode is on)."""
-    return [layer.parametrizations.weight() for layer in layers]
+    return [cast(_WeightNormed, layer).parametrizations.weight() for layer in layers]
 
 
 @contextlib.contextmanager
@@ -117,5 +127,5 @@ def reading(layers: Sequence[nn.Module], values: Sequence[torch.Tensor]) -> Iter
     try:
         yield
     finally:
-        for layer, value in zip(layers, old, strict=True):
-            layer.__dict__["_weight_value"] = value
+        for layer, previous in zip(layers, old, strict=True):
+            layer.__dict__["_weight_value"] = previous

@@ -15,6 +15,7 @@ iterate one token under one committed state and keep only the converged candidat
 from __future__ import annotations
 
 import math
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -31,13 +32,13 @@ BackboneState = tuple[LayerState, ...]
 
 def select_state(rows: torch.Tensor, state: BackboneState, other: BackboneState) -> BackboneState:
     """Per row: `state` where `rows` (B,) is true, else `other` (two candidates for the same token)."""
-    return tuple(mine.select(rows, theirs) for mine, theirs in zip(state, other, strict=True))
+    return tuple(mine.select(rows, cast(Any, theirs)) for mine, theirs in zip(state, other, strict=True))
 
 
 def commit_state(candidate: BackboneState, real: torch.Tensor, before: BackboneState) -> BackboneState:
     """The state after a token that was padding where `real` (B,) is false: those rows keep `before`
     (Mamba2's conv and SSM states; Llama's positions, the token's KV slot marked absent)."""
-    return tuple(mine.commit(real, old) for mine, old in zip(candidate, before, strict=True))
+    return tuple(mine.commit(real, cast(Any, old)) for mine, old in zip(candidate, before, strict=True))
 
 
 class Mamba2Block(nn.Module):
@@ -51,8 +52,8 @@ class Mamba2Block(nn.Module):
         self.norm = RMSNorm(cfg.d_model, eps=cfg.norm_eps, device=device, dtype=dtype)
         self.mixer = Mamba2(
             cfg.d_model, d_state=s.d_state, d_conv=s.d_conv, expand=s.expand, headdim=s.headdim,
-            ngroups=s.ngroups, A_init_range=tuple(s.A_init_range), dt_min=s.dt_min, dt_max=s.dt_max,
-            dt_init_floor=s.dt_init_floor, bias=s.bias, conv_bias=s.conv_bias, chunk_size=s.chunk_size,
+            ngroups=s.ngroups, A_init_range=cast("tuple[float, float]", tuple(s.A_init_range)), dt_min=s.dt_min,
+            dt_max=s.dt_max, dt_init_floor=s.dt_init_floor, bias=s.bias, conv_bias=s.conv_bias, chunk_size=s.chunk_size,
             layer_idx=layer_idx, norm_eps=cfg.norm_eps, use_kernels=cfg.use_kernels, device=device, dtype=dtype)
 
     @property
@@ -100,7 +101,7 @@ class Backbone(nn.Module):
 
     @property
     def injection_width(self) -> int:
-        return self.layers[0].injection_width
+        return cast(int, self.layers[0].injection_width)
 
     def forward(self, z: torch.Tensor, inj: torch.Tensor | None = None,
                 seq_idx: torch.Tensor | None = None) -> torch.Tensor:
@@ -122,14 +123,14 @@ class Backbone(nn.Module):
 
     def allocate_state(self, batch_size: int, max_seq_len: int, device=None, dtype=None) -> BackboneState:
         """Per-layer zero state: Mamba2State (conv, ssm) or an empty KVCache of `max_seq_len` tokens."""
-        return tuple(layer.allocate_state(batch_size, max_seq_len, device, dtype) for layer in self.layers)
+        return tuple(cast(Any, layer).allocate_state(batch_size, max_seq_len, device, dtype) for layer in self.layers)
 
     def step(self, z_t: torch.Tensor, state: BackboneState,
              inj_t: torch.Tensor | None = None) -> tuple[torch.Tensor, BackboneState]:
         """One token z_t (B, d) -> (normalised z_t' (B, d), candidate state); `state` stays valid."""
         new_state, dtype = [], z_t.dtype
         for layer, layer_state in zip(self.layers, state, strict=True):
-            z_t, layer_state = layer.step(z_t, layer_state, inj_t)
+            z_t, layer_state = cast(Any, layer).step(z_t, layer_state, inj_t)
             new_state.append(layer_state)
         return self.norm_f(z_t).to(dtype), tuple(new_state)
 

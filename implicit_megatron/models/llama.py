@@ -9,6 +9,7 @@ states stay valid when the same state is stepped many times (see `KVCache`).
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
@@ -64,9 +65,10 @@ class KVCache:
 
     def select(self, rows: torch.Tensor, other: KVCache) -> KVCache:
         """Per row: this candidate where `rows` (B,) is true, else `other`, a candidate for the same token."""
-        pick = {name: torch.where(rows.view(-1, *[1] * (getattr(self, name).dim() - 1)), getattr(self, name),
-                                  getattr(other, name))
-                for name in ("last_k", "last_v", "last_real", "positions") if getattr(self, name) is not None}
+        pick: dict[str, Any] = {
+            name: torch.where(rows.view(-1, *[1] * (getattr(self, name).dim() - 1)), getattr(self, name),
+                              getattr(other, name))
+            for name in ("last_k", "last_v", "last_real", "positions") if getattr(self, name) is not None}
         return replace(self, **pick)
 
     def commit(self, real: torch.Tensor, before: KVCache) -> KVCache:
@@ -105,6 +107,9 @@ def document_positions(seq_idx: torch.Tensor) -> torch.Tensor:
 
 class LlamaAttention(nn.Module):
     """Causal multi-head attention with optional grouped KV heads (n_kv_heads divides n_heads)."""
+
+    rope_cos: torch.Tensor | None  # buffers (see __init__), None until the first forward
+    rope_sin: torch.Tensor | None
 
     def __init__(self, d_model: int, n_heads: int, n_kv_heads: int | None = None, rope_theta: float = 10000.0,
                  bias: bool = False, use_kernels: bool = True, device=None, dtype=None) -> None:
@@ -152,7 +157,7 @@ class LlamaAttention(nn.Module):
             longest = t if cos is None or cos.dtype != dtype or cos.device != device else max(t, cos.shape[0])
             cos, sin = rope_cos_sin(torch.arange(longest, device=device), self.head_dim, self.rope_theta, dtype)
             self.rope_cos, self.rope_sin = cos.unsqueeze(-2), sin.unsqueeze(-2)
-        return self.rope_cos[:t], self.rope_sin[:t]
+        return cast(torch.Tensor, self.rope_cos)[:t], cast(torch.Tensor, self.rope_sin)[:t]  # filled above
 
     def _rope_documents(self, seq_idx: torch.Tensor, dtype: torch.dtype):
         """cos, sin (B, T, 1, hd) with positions restarting at every document."""
@@ -193,9 +198,9 @@ class LlamaAttention(nn.Module):
         q, k = apply_rope(q, cos[:, None], sin[:, None]), apply_rope(k, cos[:, None], sin[:, None])
         if t > 0:
             with torch.no_grad():  # idempotent: the given state's own last token into its slot
-                cache.k[:, :, t - 1] = cache.last_k
-                cache.v[:, :, t - 1] = cache.last_v
-                cache.real[:, t - 1] = cache.last_real
+                cache.k[:, :, t - 1] = cast(torch.Tensor, cache.last_k)  # t > 0: a token was stepped
+                cache.v[:, :, t - 1] = cast(torch.Tensor, cache.last_v)
+                cache.real[:, t - 1] = cast(torch.Tensor, cache.last_real)
 
         # Scores against the cached past (a row's real tokens only) and against the token itself,
         # one softmax over both.

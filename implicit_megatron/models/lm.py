@@ -12,7 +12,7 @@ samplers should mask ids >= `vocab_size`.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import torch
 from torch import nn
@@ -23,11 +23,12 @@ from implicit_megatron.models.loss import linear_cross_entropy
 from implicit_megatron.models.padding import has_padding, padded_core
 
 if TYPE_CHECKING:
+    from implicit_megatron.implicit.core import ImplicitCore
     from implicit_megatron.implicit.solver import SolverStats
 
 
 class LanguageModel(nn.Module):
-    def __init__(self, cfg: ModelConfig, core: nn.Module, device=None, dtype=None) -> None:
+    def __init__(self, cfg: ModelConfig, core: ImplicitCore, device=None, dtype=None) -> None:
         super().__init__()
         self.config = cfg
         self.vocab_size = cfg.vocab_size
@@ -46,7 +47,7 @@ class LanguageModel(nn.Module):
     @property
     def backbone(self) -> Backbone:
         """The core's backbone, for tools that need layer access."""
-        return self.core.backbone
+        return cast(Backbone, self.core.backbone)  # the core holds any module of the backbone's contract
 
     @property
     def head_weight(self) -> torch.Tensor:

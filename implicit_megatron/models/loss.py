@@ -48,9 +48,9 @@ def _chunked(z: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor, chunk_
         probs = logits.sub_(lse[:, None]).exp_()  # softmax, in place of the logits
         probs[torch.arange(end - start, device=z.device), target] -= 1
         grad = probs.mul_((valid_c.to(compute) / count)[:, None]).to(z.dtype)
-        if grad_z:
+        if dz is not None:  # grad_z
             dz[start:end] = grad @ weight
-        if grad_weight:
+        if dw is not None:  # grad_weight
             dw += (grad.t() @ z_c).to(compute)
     return total / count, dz, dw
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import cast
 
 import torch
 import torch.nn.functional as F
@@ -129,7 +130,7 @@ class Mamba2(nn.Module):
         d_dtype = torch.promote_types(dtype or torch.get_default_dtype(), torch.float32)
         self.D = nn.Parameter(torch.ones(self.d_inner if D_has_hdim else self.nheads, device=device, dtype=d_dtype))
         for p in (self.dt_bias, self.A_log, self.D):
-            p._no_weight_decay = True
+            p._no_weight_decay = True  # type: ignore[attr-defined]  # torch's stubs: no free attributes on a Tensor
 
         if rmsnorm:
             self.norm = GatedRMSNorm(self.d_inner, eps=norm_eps, group_size=self.d_inner // ngroups,
@@ -194,8 +195,8 @@ class Mamba2(nn.Module):
             return F.silu(y[..., :t].transpose(1, 2))
         xp = F.pad(xbc, (0, 0, k - 1, 0))
         sp = F.pad(seq_idx, (k - 1, 0))  # the padded taps read zeros whatever their id
-        y = sum(weight[:, 0, j] * xp[:, j:j + t] * (sp[:, j:j + t] == seq_idx)[..., None].to(xbc.dtype)
-                for j in range(k))
+        y = cast(torch.Tensor, sum(  # k >= 1 terms: a tensor
+            weight[:, 0, j] * xp[:, j:j + t] * (sp[:, j:j + t] == seq_idx)[..., None].to(xbc.dtype) for j in range(k)))
         if bias is not None:
             y = y + bias
         return F.silu(y)

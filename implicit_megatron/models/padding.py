@@ -10,10 +10,12 @@ at a right-padded row's end are those of its last real token, as transformers' `
 
 from __future__ import annotations
 
+from typing import TypeGuard
+
 import torch
 
 
-def has_padding(attention_mask: torch.Tensor | None) -> bool:
+def has_padding(attention_mask: torch.Tensor | None) -> TypeGuard[torch.Tensor]:
     return attention_mask is not None and not bool(attention_mask.bool().all())
 
 

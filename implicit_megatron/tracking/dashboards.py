@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import secrets
 from pathlib import Path
+from typing import Any, cast
 
 from implicit_megatron.utils.safe_write import replace_text
 
@@ -53,7 +54,7 @@ class WeightsAndBiases:
 
         id_file = out / WANDB_RUN_ID_FILE
         run_id = id_file.read_text().strip() if id_file.is_file() else secrets.token_hex(4)
-        self.run = wandb.init(project=project, entity=entity, mode=mode, dir=str(out), id=run_id, name=name,
+        self.run = wandb.init(project=project, entity=entity, mode=cast(Any, mode), dir=str(out), id=run_id, name=name,
                               resume="allow", config=config, settings=wandb.Settings(silent=True))
         self.run.define_metric(STEP)
         self.run.define_metric("*", step_metric=STEP)

@@ -104,7 +104,7 @@ def dataset_inputs(cfg: Config) -> list:
         stats = Path(f"{prefix}_stats.json")
         recorded = json.loads(stats.read_text()) if stats.is_file() else {}
         digest = hashlib.sha256(stats.read_bytes() if stats.is_file() else prefix.encode()).hexdigest()[:16]
-        profile = {split: split_tokens([prefix], split) for split in ("train", "valid", "test")}
+        profile: dict[str, int | None] = {split: split_tokens([prefix], split) for split in ("train", "valid", "test")}
         profile["documents"] = recorded.get("documents")
         dataset = Dataset(name=Path(prefix).name, digest=digest, source_type="local",
                           source=json.dumps({"uri": os.path.abspath(prefix)}),

@@ -20,11 +20,15 @@ import os
 import time
 import uuid
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from implicit_megatron.config import Config
 from implicit_megatron.tracking.dashboards import Dashboards
 from implicit_megatron.tracking.run_record import EXPERIMENT_KIND, config_params, dataset_inputs, run_tags
 from implicit_megatron.utils.safe_write import replace_text
+
+if TYPE_CHECKING:
+    from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
 
 RUN_ID_FILE = "mlflow_run_id"
 
@@ -124,7 +128,10 @@ class Tracker:
     when training begins, so a launch stopped before that leaves no run RUNNING."""
 
     def __init__(self, cfg: Config, active: bool):
-        self.run_id, self.phase, self.logged_up_to, self.system = None, None, 0, None
+        self.run_id: str | None = None
+        self.phase: str | None = None
+        self.logged_up_to = 0
+        self.system: SystemMetricsMonitor | None = None
         self.cfg, self.active = cfg, active
         self.dashboards = Dashboards()
 
@@ -200,6 +207,7 @@ class Tracker:
     def _log_config(self, cfg: Config, out: Path) -> None:
         from mlflow.entities import Param
 
+        assert self.run_id is not None  # set just before
         params = [Param(k, v) for k, v in config_params(cfg).items()]
         for i in range(0, len(params), 100):
             self.client.log_batch(self.run_id, params=params[i:i + 100])

@@ -23,7 +23,8 @@ class GlobalBatchStream:
     def __init__(self, make, global_batch: int, micro_batch: int, rank: int, world: int):
         self.make, self.global_batch, self.micro_batch = make, global_batch, micro_batch
         self.rank, self.world = rank, world
-        self.step, self._queue = 0, []
+        self.step = 0
+        self._queue: list[torch.Tensor] = []
 
     def __iter__(self):
         return self

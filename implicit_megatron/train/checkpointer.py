@@ -16,6 +16,7 @@ import random
 import shutil
 from collections.abc import Callable
 from pathlib import Path
+from typing import cast
 
 import numpy as np
 import torch
@@ -28,6 +29,7 @@ from implicit_megatron.checkpoints.layout import (
     UNIVERSAL,
     UNIVERSAL_INFO,
     DamagedCheckpoint,
+    Layout,
     checkpoint_dir,
     own_run_id,
     prune,
@@ -143,7 +145,8 @@ def save(engine, cfg: Config, tag: str, client_state: dict, val_loss: float | No
     if rank == 0:
         shutil.rmtree(folder / partial, ignore_errors=True)
     dist.barrier()
-    failure, failed_writes = None, []
+    failure = None
+    failed_writes: list[Exception] = []
     try:
         with writes_recorded(engine, failed_writes):
             engine.save_checkpoint(str(folder), tag=partial, client_state=client_state, save_latest=False)
@@ -206,7 +209,7 @@ def load(engine, cfg: Config, source: Source, fingerprint=None) -> dict:
     if source.load_data_state:
         client_state["extended"] = _check_data_signature(cfg, client_state, source.path, fingerprint)
     rng = source.path / f"rng_rank{dist.get_rank()}.pt"
-    if source.resuming and source.saved.world_size == dist.get_world_size() and rng.is_file():
+    if source.resuming and cast(Layout, source.saved).world_size == dist.get_world_size() and rng.is_file():
         _set_rng_state(safe_load.load(rng))
     client_state["loaded_from"] = str(source.path)
     return client_state
@@ -247,7 +250,7 @@ def _check_data_signature(cfg: Config, client_state: dict, where: Path, fingerpr
 
 def _rng_state() -> dict:
     """Every generator's state in types a weights-only load builds (numpy's array as a tensor)."""
-    kind, keys, pos, has_gauss, gauss = np.random.get_state()
+    kind, keys, pos, has_gauss, gauss = cast("tuple[str, np.ndarray, int, int, float]", np.random.get_state())
     numpy_state = (kind, torch.from_numpy(keys.astype(np.int64)), int(pos), int(has_gauss), float(gauss))
     state = {"python": random.getstate(), "numpy": numpy_state, "torch": torch.get_rng_state()}
     if torch.cuda.is_available():
@@ -277,7 +280,8 @@ class Checkpointer:
 
     def prepare(self, model: torch.nn.Module) -> Source | None:
         """Find the checkpoint to start from; convert it or load its weights as the layout requires."""
-        chosen = [None, None, None]  # rank 0 reads the checkpoint files once; every rank starts from its choice
+        # rank 0 reads the checkpoint files once; every rank starts from its choice
+        chosen: list[str | None] = [None, None, None]
         if self.rank == 0:
             remove_partial(self.cfg, self.log)
             try:
@@ -285,7 +289,7 @@ class Checkpointer:
                 adopt = read_client_state(checkpoint_dir(self.cfg) / chosen[0]).get("run_id") if chosen[0] else None
                 chosen[2] = own_run_id(checkpoint_dir(self.cfg), adopt, self.log)
                 if chosen[0]:
-                    refuse_foreign_tag(self.cfg, chosen[0], chosen[2])
+                    refuse_foreign_tag(self.cfg, chosen[0], cast(str, chosen[2]))  # own_run_id's
             except (DamagedCheckpoint, UnsafeCheckpoint, RunRefused, OSError) as err:
                 chosen[1] = str(err)
         dist.broadcast_object_list(chosen, src=0)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import sys
 from dataclasses import replace
 from pathlib import Path
+from typing import cast
 
 from implicit_megatron.checkpoints.integrity import check_tag, newest_complete
 from implicit_megatron.checkpoints.layout import DamagedCheckpoint, read_latest, step_of
@@ -75,6 +76,8 @@ class Phases:
         self.bounds, extension = run_bounds(self.cfg, trained, step)
         if extension:
             from implicit_megatron.train.schedule import learning_rate
+
+            assert trained is not None  # run_bounds extends recorded ranges only
 
             shorter = replace(self.cfg, train=replace(self.cfg.train, steps=trained[-1][2]))
             self.log(f"{extension}, at learning rate {learning_rate(step, self.cfg):.3g} from step {step} (the "
@@ -163,7 +166,7 @@ def _raw_phases(config: str, overrides: list[str]) -> tuple[list[dict], dict]:
     return [p for p in curriculum.get("phases") or [] if isinstance(p, dict)], curriculum
 
 
-def phase_names(config: str, overrides: list[str]) -> list[str]:
+def phase_names(config: str, overrides: list[str]) -> list[str | None]:
     return [p.get("name") for p in _raw_phases(config, overrides)[0]]
 
 
@@ -183,7 +186,7 @@ def phase_configs(config: str, overrides: list[str], world_size: int | None = No
         raise ConfigError(config, "curriculum.phases", "no phases; run this config with launch/pretrain.sh")
     configs = []
     for phase in phases:
-        launch = phase.get("launch") if isinstance(phase.get("launch"), dict) else {}
+        launch = cast(dict, phase.get("launch")) if isinstance(phase.get("launch"), dict) else {}
         size = world_size
         if isinstance(launch.get("processes_per_node"), int):
             nodes = launch.get("num_nodes")
@@ -199,9 +202,9 @@ def plan(config: str, overrides: list[str]) -> list[tuple[str, ...]]:
 
     rows = []
     for cfg in phase_configs(config, overrides):
-        name = cfg.curriculum.run_phase
+        name = cast(str, cfg.curriculum.run_phase)  # each phase's launch names its phase
         tag = finished_tag(cfg)
-        step = step_of(tag) if tag else 0
+        step = cast(int, step_of(tag)) if tag else 0  # a checkpoint tag
         trained = recorded_bounds(read_client_state(Path(cfg.output_dir) / "checkpoints" / tag)) if tag else None
         bounds, _ = run_bounds(cfg, trained, step)
         phase, _, end = next(b for b in bounds if b[0].name == name)

@@ -22,8 +22,8 @@ def pass_flops_per_token(cfg: Config, backbone_params: int, seq_len: int) -> flo
     return 2 * backbone_params + attention
 
 
-def step_flops(cfg: Config, backbone_params: int, tokens: int, seq_len: int, passes: int,
-               phantom_passes: int) -> float:
+def step_flops(cfg: Config, backbone_params: int, tokens: float, seq_len: int, passes: float,
+               phantom_passes: float) -> float:
     per_pass = pass_flops_per_token(cfg, backbone_params, seq_len)
     head = 2 * cfg.model.d_model * cfg.model.padded_vocab_size
     return tokens * (per_pass * passes + 3 * per_pass * phantom_passes + 3 * head)

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import cast
 
 import torch
 
@@ -100,8 +101,8 @@ def resume_tag(cfg: Config, log) -> str | None:
         raise DamagedCheckpoint(problem.file, f"{problem.problem}, and no complete checkpoint is in {own} "
                                               f"({found}); remove them or choose another train.output_dir "
                                               "to start afresh")
-    for err in [problem, *damaged]:
-        log(f"warning: {err}")
+    for damage in [problem, *damaged]:
+        log(f"warning: {damage}")
     log(f"warning: resuming from {own / chosen}, the newest complete checkpoint; `latest` now names it")
     write_latest(own, chosen)
     return chosen
@@ -155,14 +156,15 @@ def find_source(cfg: Config, world_size: int, tag: str | None) -> Source | None:
         raise RunRefused(f"{source.path}: the checkpoint's model does not fit this config's ({changed}); restore "
                          "those settings (its weights and optimizer state load only into a model of the same shape)")
     now = Layout(world_size, cfg.distributed.zero_stage, cfg.distributed.precision)
+    saved = cast(Layout, source.saved)  # read only where an optimizer state loads: from a tag, which has one
     if not source.load_optimizer:
         source.how = "weights"
-    elif source.saved == now or (source.saved.plain_optimizer and now.plain_optimizer):
+    elif saved == now or (saved.plain_optimizer and now.plain_optimizer):
         source.how = "native"
-    elif source.saved.plain_optimizer or now.plain_optimizer:
+    elif saved.plain_optimizer or now.plain_optimizer:
         raise RunRefused(
-            f"{source.path}: saved under ZeRO-{source.saved.zero_stage} {source.saved.precision} on "
-            f"{source.saved.world_size} processes, loading under ZeRO-{now.zero_stage} {now.precision} on "
+            f"{source.path}: saved under ZeRO-{saved.zero_stage} {saved.precision} on "
+            f"{saved.world_size} processes, loading under ZeRO-{now.zero_stage} {now.precision} on "
             f"{now.world_size}: a plain (ZeRO-0, not bf16) optimizer state converts only to another plain one. "
             "Keep both sides plain, or set checkpoint.load_optimizer=false to start the optimizer afresh")
     else:
@@ -187,7 +189,7 @@ def source_weights(source: Source) -> dict[str, torch.Tensor]:
         from safetensors.torch import load_file
 
         return {k: v.float() for k, v in load_file(str(source.folder / PRETRAINED_WEIGHTS)).items()}
-    return consolidated_weights(source.path, source.saved)
+    return consolidated_weights(source.path, cast(Layout, source.saved))  # a tag's: not pretrained
 
 
 def shape_error(source: Source, cfg: Config, err: Exception) -> RunRefused:

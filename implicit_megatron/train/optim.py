@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import cast
+
 import torch
 from torch import nn
 
@@ -18,7 +20,8 @@ def decays(name: str, param: nn.Parameter) -> bool:
 
 
 def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
-    decay, no_decay = [], []
+    decay: list[nn.Parameter] = []
+    no_decay: list[nn.Parameter] = []
     for name, param in model.named_parameters():
         if param.requires_grad:
             (decay if decays(name, param) else no_decay).append(param)
@@ -29,5 +32,6 @@ def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
 def build_optimizer(model: nn.Module, cfg: OptimizerConfig) -> torch.optim.Optimizer:
     """torch's AdamW (fused on GPU): DeepSpeed's own Adam ops compile for minutes when not prebuilt."""
     on_gpu = next(model.parameters()).is_cuda
-    return torch.optim.AdamW(param_groups(model, cfg.weight_decay), lr=cfg.lr, betas=tuple(cfg.betas),
+    betas = cast("tuple[float, float]", tuple(cfg.betas))  # two, by the config's type
+    return torch.optim.AdamW(param_groups(model, cfg.weight_decay), lr=cfg.lr, betas=betas,
                              eps=cfg.eps, fused=on_gpu or None)

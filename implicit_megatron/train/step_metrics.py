@@ -99,9 +99,9 @@ class IntervalMetrics:
             self.reset()
             return {}
         device = self.losses[0].device
-        norms = [t.to(device) for t in self.grad_norms]
+        device_norms = [t.to(device) for t in self.grad_norms]
         losses, correct, residual, converged, norms = read_on_host(self.losses, self.correct, self.residual,
-                                                                   self.converged, norms)
+                                                                   self.converged, device_norms)
         seconds = time.perf_counter() - self.started - self.excluded  # the read waited for the GPU: the work is done
         metrics = {"train/loss": sum(losses) / len(losses),
                    "train/tokens_per_s": tokens_per_step * self.steps / seconds,

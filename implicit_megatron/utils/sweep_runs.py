@@ -8,6 +8,7 @@ import json
 import math
 import os
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -53,7 +54,7 @@ def train_run(config: Path, overrides: list[str], out: Path, steps: int, label: 
         raise SystemExit(f"{label} failed:\n{result.stdout[-6000:]}")
 
 
-def draw_runs(run_folders: list[Path], png: Path, title: str) -> Path:
+def draw_runs(run_folders: Sequence[Path], png: Path, title: str) -> Path:
     """tools/plot_run.py's panels (loss, passes, residual, accuracy, ...) of `run_folders` on one figure."""
     from implicit_megatron.evaluation.run_plot import plot
     from implicit_megatron.tracking.run_curves import read_run
@@ -62,7 +63,7 @@ def draw_runs(run_folders: list[Path], png: Path, title: str) -> Path:
 
 
 def publish(results: dict, folder: Path, report, page: str | None, tag: str, label: str,
-            run_folders: list[Path] = ()) -> None:
+            run_folders: Sequence[Path] = ()) -> None:
     """Write FOLDER/results.json and print the sweep's tables; with `page`, save the sweep beside the
     page (with `run_folders`' training curves as <tag>-runs.png) and rebuild it. `report`: the module
     with the sweep's tables, write_sweep and write_page."""

@@ -15,7 +15,10 @@ import subprocess
 import sys
 import time
 from collections import deque
-from typing import TextIO
+from typing import TYPE_CHECKING, TextIO
+
+if TYPE_CHECKING:
+    from tqdm import tqdm
 
 STEP_LINE = re.compile(r"\[train\] step ([\d,]+)/([\d,]+)\s*(.*)")  # "step 1,200/16,384 | loss 4.51 | ..."
 LOSS = re.compile(r"\bloss ([^\s|]+)")
@@ -28,7 +31,9 @@ class StepProgress:
 
     def __init__(self, label: str, stream: TextIO, every: float) -> None:
         self.label, self.stream, self.every = label, stream, every
-        self.step, self.shown_at, self.bar = 0, None, None
+        self.step = 0
+        self.shown_at: float | None = None
+        self.bar: tqdm | None = None
         self.terminal = hasattr(stream, "isatty") and stream.isatty()
 
     def line(self, text: str) -> None:
@@ -82,6 +87,7 @@ def run_with_progress(cmd: list[str], label: str, stream: TextIO | None = None, 
     with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
                           errors="replace", **popen) as proc:
         try:
+            assert proc.stdout is not None  # stdout=PIPE
             for text in proc.stdout:
                 tail.append(text)
                 progress.line(text)

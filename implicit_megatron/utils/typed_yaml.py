@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import os
 import re
 import types
 import typing
@@ -33,7 +34,7 @@ class ConfigError(ValueError):
 # --------------------------------------------------------------------------- reading
 
 
-def read_yaml_chain(path: str | Path, _seen: tuple[Path, ...] = ()) -> tuple[dict, dict[str, str]]:
+def read_yaml_chain(path: str | os.PathLike, _seen: tuple[Path, ...] = ()) -> tuple[dict, dict[str, str]]:
     """Read a YAML file and the chain of files it extends through `base:`.
 
     Returns the merged mapping and, for every leaf key (dotted), the file that set it.
@@ -239,7 +240,7 @@ def coerce(tp: Any, value: Any, sources: dict[str, str], dotted: str) -> Any:
         items = [coerce(t, v, sources, f"{dotted}[{i}]") for i, (t, v) in enumerate(zip(item_types, value))]
         return tuple(items) if origin is tuple else items
     if dataclasses.is_dataclass(tp):
-        return build_dataclass(tp, value if value is not None else {}, sources, f"{dotted}.")
+        return build_dataclass(typing.cast(type, tp), value if value is not None else {}, sources, f"{dotted}.")
     if tp is bool:
         if isinstance(value, bool):
             return value
