@@ -5,8 +5,8 @@
 #   docker run --rm -it --device=/dev/kfd --device=/dev/dri --group-add video --ipc=host --shm-size=64g \
 #       --security-opt seccomp=unconfined implicit-megatron:rocm
 # docs/cluster.md has the multi-node launch and the acceptance run. Every pin is an ARG (override with
-# --build-arg); tools/check_dockerfiles.py checks them against pyproject.toml in CI.
-# GPU_KERNELS=0 builds on a base without ROCm (tools/container_smoke.sh: a Debian base with CPU torch):
+# --build-arg); tools/dev/check_dockerfiles.py checks them against pyproject.toml in CI.
+# GPU_KERNELS=0 builds on a base without ROCm (tools/dev/container_smoke.sh: a Debian base with CPU torch):
 # no fused kernels, any torch build is held as it is, and the models take their PyTorch paths, as on CPU.
 
 ARG BASE_IMAGE=rocm/pytorch:rocm6.4.1_ubuntu24.04_py3.12_pytorch_release_2.7.1

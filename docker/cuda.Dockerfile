@@ -4,8 +4,8 @@
 #   docker build -f docker/cuda.Dockerfile -t implicit-megatron:cuda .
 #   docker run --rm -it --gpus all --ipc=host --shm-size=64g implicit-megatron:cuda
 # docs/cluster.md has the multi-node launch and the acceptance run. Every pin is an ARG (override with
-# --build-arg); tools/check_dockerfiles.py checks them against pyproject.toml in CI.
-# GPU_KERNELS=0 builds on a base without CUDA (tools/container_smoke.sh: a Debian base with CPU torch):
+# --build-arg); tools/dev/check_dockerfiles.py checks them against pyproject.toml in CI.
+# GPU_KERNELS=0 builds on a base without CUDA (tools/dev/container_smoke.sh: a Debian base with CPU torch):
 # no fused kernels, any torch build is held as it is, and the models take their PyTorch paths, as on CPU.
 
 ARG BASE_IMAGE=pytorch/pytorch:2.7.1-cuda12.6-cudnn9-devel

@@ -1,7 +1,7 @@
 # A stand-in for the base images of Dockerfile (rocm/pytorch) and docker/cuda.Dockerfile (pytorch/pytorch)
 # on a machine that cannot pull them or has no GPU: Debian bookworm's Python 3.11 in a venv that comes
 # first on PATH (as the Python of those images does), pip, and torch's CPU build installed the way
-# scripts/setup.sh installs it. tools/container_smoke.sh builds it FROM a debootstrap'd Debian (its
+# scripts/setup.sh installs it. tools/dev/container_smoke.sh builds it FROM a debootstrap'd Debian (its
 # DEBIAN_IMAGE) and then the project's images FROM it with GPU_KERNELS=0; it is not meant for training.
 #   TORCH: a requirement (torch==2.13.0) or the path of a wheel mounted into the build
 #   TORCH_INDEX_URL: the index torch (and its dependencies) come from; empty: pip's own default index

@@ -5,4 +5,4 @@ cd "$(dirname "$0")/.."
 bash scripts/setup.sh dev,eval
 .venv/bin/python -m ruff check .
 .venv/bin/python -m mypy
-exec .venv/bin/python tools/check_dockerfiles.py
+exec .venv/bin/python tools/dev/check_dockerfiles.py

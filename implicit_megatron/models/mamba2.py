@@ -125,7 +125,7 @@ class Mamba2(nn.Module):
         # D is made in float32 at least (as mamba_ssm makes it) and float64 in a float64 model. An engine
         # that casts the whole module (DeepSpeed bf16) stores D, A_log and dt_bias in bf16 like every
         # parameter, with float32 masters in the optimizer; A, dt and the D skip are computed in float32
-        # from them either way. tools/bench_ssm_precision.py measured what the bf16 rounding costs: a
+        # from them either way. tools/bench/bench_ssm_precision.py measured what the bf16 rounding costs: a
         # validation loss within 0.004 of keeping them float32, inside the run-to-run spread.
         d_dtype = torch.promote_types(dtype or torch.get_default_dtype(), torch.float32)
         self.D = nn.Parameter(torch.ones(self.d_inner if D_has_hdim else self.nheads, device=device, dtype=d_dtype))

@@ -1,4 +1,4 @@
-"""What the sweep tools (tools/state_tracking.py, tools/language_modeling.py) share: seeds from
+"""What the sweep tools (tools/research/state_tracking.py, tools/research/language_modeling.py) share: seeds from
 the command line, and training one run of a sweep through the launcher so that a sweep stopped
 anywhere resumes when its command runs again."""
 

@@ -1,6 +1,6 @@
 """A training launch run as a child process, its progress shown while it trains.
 
-Tools that train runs one after another (tools/state_tracking.py) used to capture a launch's output
+Tools that train runs one after another (tools/research/state_tracking.py) used to capture a launch's output
 until it ended, so nothing showed for minutes or hours. Here the child's output is read line by
 line as it comes: its `[train] step N/TOTAL ...` lines drive a progress bar on a terminal, or, in a
 log file, a line `LABEL: step N/TOTAL  loss X` for the first step, the last, and at most one every

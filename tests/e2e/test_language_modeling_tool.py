@@ -1,4 +1,4 @@
-"""tools/language_modeling.py end to end at toy size: an explicit and an implicit model of one config
+"""tools/research/language_modeling.py end to end at toy size: an explicit and an implicit model of one config
 train on the same tokens through the launcher, are tested at 1x and 2x the trained length on the
 same windows, and the page is written; a rerun trains and tests nothing again."""
 
@@ -13,7 +13,7 @@ from support.processes import ROOT, child_env, free_port
 
 
 def sweep(shards, out, page, *extra: str) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "tools/language_modeling.py", "--config", "configs/tiny/mamba2-implicit.yaml",
+    cmd = [sys.executable, "tools/research/language_modeling.py", "--config", "configs/tiny/mamba2-implicit.yaml",
            "--seeds", "1", "--lengths", "1,2", "--eval-windows", "2", "--output", str(out), "--page", str(page),
            "--tag", "tiny", f"data.prefixes=[{shards}]", "data.source=null", "train.steps=5", "train.eval_interval=5",
            "schedule.warmup_steps=1", "train.log_interval=1", *extra]
@@ -60,7 +60,7 @@ def test_bad_settings_are_refused_before_anything_trains(tmp_path):
     for extra, expected in ((["--models", "explicit,llama"], "--models llama: choose from explicit"),
                             (["--lengths", "2,4"], "start at 1"),
                             (["train.stepz=3"], "train.stepz: unknown key")):
-        result = subprocess.run([sys.executable, "tools/language_modeling.py", "--output", str(tmp_path), *extra],
-                                cwd=ROOT, env=child_env(), capture_output=True, text=True, timeout=120)
+        result = subprocess.run([sys.executable, "tools/research/language_modeling.py", "--output", str(tmp_path),
+                                 *extra], cwd=ROOT, env=child_env(), capture_output=True, text=True, timeout=120)
         assert result.returncode == 1 and expected in result.stderr, result.stderr
         assert not any(tmp_path.iterdir())

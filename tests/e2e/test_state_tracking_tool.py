@@ -1,4 +1,4 @@
-"""tools/state_tracking.py end to end at toy size: explicit and implicit models (the implicit one by the
+"""tools/research/state_tracking.py end to end at toy size: explicit and implicit models (the implicit one by the
 released recipe: an unrolled damped warm-up phase handing off to the DEQ phase in one run) train
 through the launcher, are tested at two lengths, and the results page is written; a finished sweep
 is not trained again (nor tested again), and a tighter test-time tolerance tests it again. Each run's
@@ -17,7 +17,7 @@ from support.tools import load_tool
 
 
 def sweep(out, page, *extra: str) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "tools/state_tracking.py", "--models", "explicit-1l,implicit", "--algebra", "Z2",
+    cmd = [sys.executable, "tools/research/state_tracking.py", "--models", "explicit-1l,implicit", "--algebra", "Z2",
            "--seeds", "1", "--length", "8", "--test-lengths", "8,12", "--steps", "4", "--batch", "8",
            "--d-model", "32", "--test-words", "8", "--recipe", "released", "--output", str(out), "--page", str(page),
            "--sequential", "train.log_interval=1", "implicit.eval_max_iter=32", *extra]

@@ -25,7 +25,7 @@ def run(ppl_64: float, ppl_128: float, parameters: int) -> dict:
 
 @pytest.fixture
 def results() -> dict:
-    return {"command": "python tools/language_modeling.py --seeds 2", "notes": "A plain reading.",
+    return {"command": "python tools/research/language_modeling.py --seeds 2", "notes": "A plain reading.",
             "settings": {"seq_len": 64, "description": "Two seeds of a toy sweep."},
             "runs": {"explicit": {"0": run(100.0, 150.0, 1000), "1": run(110.0, 143.0, 1000)},
                      "implicit": {"0": run(120.0, 120.0, 1100), "1": run(124.0, 130.2, 1100)}}}
@@ -51,10 +51,10 @@ def test_the_page_is_rebuilt_from_every_saved_sweep(results, tmp_path):
     assert [f.name for f in files] == ["toy-2-positions.png", "toy-2-curves.png"]
     assert all(f.read_bytes().startswith(b"\x89PNG") for f in files)
     other = json.loads(json.dumps(results))
-    other["command"] = "python tools/language_modeling.py --seeds 1"
+    other["command"] = "python tools/research/language_modeling.py --seeds 1"
     write_sweep(other, page.with_suffix(""), "a-first")
     text = write_page(page).read_text()
     assert text.startswith("# Language modelling: explicit against implicit Mamba2")
     assert text.index("## a-first") < text.index("## toy-2")
-    assert "python tools/language_modeling.py --seeds 2" in text and "A plain reading." in text
+    assert "python tools/research/language_modeling.py --seeds 2" in text and "A plain reading." in text
     assert "![per-position perplexity](language_modeling/toy-2-positions.png)" in text

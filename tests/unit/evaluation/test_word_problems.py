@@ -66,7 +66,7 @@ def sweep_results() -> dict:
         return {name: {"accuracy": acc, "accuracy_last": acc, "passes": 3.0, "converged": 1.0, "words": 8,
                        "length": int(name[1:].split("-")[0])} for name in ("L8", "L32", "L8-p0.5")}
 
-    return {"command": "python tools/state_tracking.py --algebra Z2", "notes": "a note",
+    return {"command": "python tools/research/state_tracking.py --algebra Z2", "notes": "a note",
             "settings": {"algebra": "Z2", "length": 8, "chance": 0.5, "description": "toy sweep"},
             "runs": {"explicit-1l": {"0": run(0.5), "1": run(0.7)}, "implicit": {"0": run(1.0)}}}
 
@@ -124,7 +124,7 @@ def test_page_is_rebuilt_from_every_saved_sweep(tmp_path):
     page = tmp_path / "state_tracking.md"
     plots = write_sweep(sweep_results(), tmp_path / "state_tracking", "Z2-L8-ours")
     assert all(p.is_file() and p.read_bytes().startswith(b"\x89PNG") for p in plots)
-    other = sweep_results() | {"command": "python tools/state_tracking.py --algebra S3"}
+    other = sweep_results() | {"command": "python tools/research/state_tracking.py --algebra S3"}
     write_sweep(other, tmp_path / "state_tracking", "S3-L8-ours")
     text = write_page(page).read_text()
     assert text.index("## S3-L8-ours") < text.index("## Z2-L8-ours")

@@ -1,6 +1,6 @@
 """The fused-kernel code paths, driven on CPU by stand-ins with the kernels' signatures and semantics.
 
-The real kernels need a GPU (tools/validate_kernels.py compares them there). These stand-ins are
+The real kernels need a GPU (tools/node/validate_kernels.py compares them there). These stand-ins are
 written as plain recurrences, independent of models/ssd.py; they check that the mixer passes the
 kernels the right layouts and arguments, and that in-place kernel updates never reach the caller's
 state (the stand-in updates mutate their state argument, as the real ones do).

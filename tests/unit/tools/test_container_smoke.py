@@ -1,4 +1,4 @@
-"""tools/container_smoke.sh where it cannot run (CI): one line saying what is missing, exit 0.
+"""tools/dev/container_smoke.sh where it cannot run (CI): one line saying what is missing, exit 0.
 
 The builds themselves need root, podman, buildah and debootstrap and take tens of minutes; docs/cluster.md
 says how to run them. Here only the skip, the shell's syntax and the stand-in base's Dockerfile.
@@ -15,7 +15,7 @@ import pytest
 from support.tools import load_tool
 
 ROOT = Path(__file__).resolve().parents[3]
-SCRIPT = ROOT / "tools" / "container_smoke.sh"
+SCRIPT = ROOT / "tools" / "dev" / "container_smoke.sh"
 BASH = shutil.which("bash") or "/bin/bash"
 
 
@@ -75,7 +75,7 @@ def test_skips_without_root(tmp_path):
 
 
 SHELL_SCRIPTS = ["launch/pretrain.sh", "launch/curriculum.sh", "launch/examples/slurm.sbatch", "scripts/setup.sh",
-                 "scripts/test.sh", "scripts/lint.sh", "tools/container_smoke.sh"]
+                 "scripts/test.sh", "scripts/lint.sh", "tools/dev/container_smoke.sh"]
 
 
 @pytest.mark.parametrize("script", SHELL_SCRIPTS)

@@ -1,4 +1,4 @@
-"""tools/check_dockerfiles.py: the repository's images pass; each kind of mistake fails at its line.
+"""tools/dev/check_dockerfiles.py: the repository's images pass; each kind of mistake fails at its line.
 
 The broken images are the repository's own with one change, so each test fails only through that change
 (the unchanged copy is checked to pass first).
@@ -51,7 +51,7 @@ def pyproject(tmp_path) -> Path:
 
 
 def test_repository_images_pass():
-    result = subprocess.run([sys.executable, "tools/check_dockerfiles.py"], cwd=ROOT, capture_output=True,
+    result = subprocess.run([sys.executable, "tools/dev/check_dockerfiles.py"], cwd=ROOT, capture_output=True,
                             text=True, timeout=60)
     assert result.returncode == 0, result.stdout + result.stderr
     assert result.stdout.startswith("ok: Dockerfile, docker/cuda.Dockerfile")
@@ -122,7 +122,7 @@ def test_launch_examples_are_well_formed():
 
 @pytest.mark.parametrize("source", [ROCM, CUDA], ids=["rocm", "cuda"])
 def test_kernels_built_by_default(source):
-    """GPU_KERNELS=0 is for a stand-in base (tools/container_smoke.sh); a plain build builds the kernels and
+    """GPU_KERNELS=0 is for a stand-in base (tools/dev/container_smoke.sh); a plain build builds the kernels and
     asserts the base's GPU build of torch."""
     text = source.read_text()
     assert "\nARG GPU_KERNELS=1\n" in text
@@ -135,6 +135,6 @@ def test_help_works_without_the_dev_extra():
     """--help needs no dockerfile_parse (the dev extra): its import is blocked here."""
     script = ("import sys, runpy; sys.modules['dockerfile_parse'] = None; "
               "sys.argv = ['check_dockerfiles.py', '--help']; "
-              "runpy.run_path('tools/check_dockerfiles.py', run_name='__main__')")
+              "runpy.run_path('tools/dev/check_dockerfiles.py', run_name='__main__')")
     result = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert result.returncode == 0 and result.stdout.startswith("usage: check_dockerfiles.py"), result.stderr[-2000:]

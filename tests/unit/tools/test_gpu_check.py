@@ -1,4 +1,4 @@
-"""tools/gpu_check.py: documented, refuses a machine without a GPU in one line, and its checks run
+"""tools/node/gpu_check.py: documented, refuses a machine without a GPU in one line, and its checks run
 on the CPU emulation of CUDA graphs (the speed table and the fused kernels need a GPU)."""
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ def gpu_check_tool():
 
 
 def test_help_and_a_machine_without_a_gpu():
-    run = [sys.executable, "tools/gpu_check.py"]
+    run = [sys.executable, "tools/node/gpu_check.py"]
     shown = subprocess.run([*run, "--help"], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert shown.returncode == 0
     for word in ("kernels", "graphs", "nccl", "memory", "speed table", "Exits 0"):

@@ -1,4 +1,4 @@
-"""tools/language_modeling.py's model kinds: what each trains of one config, read as the launcher
+"""tools/research/language_modeling.py's model kinds: what each trains of one config, read as the launcher
 reads it (nothing trains here; the sweep itself is tested end to end in tests/e2e)."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""tools/mutation_check.py: every break still applies to the source (its snippet occurs exactly once
+"""tools/dev/mutation_check.py: every break still applies to the source (its snippet occurs exactly once
 and changes it), so the check cannot rot into breaks that no longer break anything. Running the
 breaks' tests is the tool's (several minutes), not the suite's."""
 
@@ -29,7 +29,7 @@ def test_every_break_applies_to_the_source_and_names_tests_that_exist():
 
 
 def test_a_break_that_no_longer_applies_is_an_error_in_the_table(tmp_path):
-    listed = subprocess.run([sys.executable, "tools/mutation_check.py", "--list"], cwd=ROOT, capture_output=True,
+    listed = subprocess.run([sys.executable, "tools/dev/mutation_check.py", "--list"], cwd=ROOT, capture_output=True,
                             text=True, timeout=60)
     assert listed.returncode == 0 and "solver-stop-rule" in listed.stdout
     tool = mutation_check_tool()

@@ -1,4 +1,4 @@
-"""tools/state_tracking.py's command line: what it refuses before anything trains, the checkpoints
+"""tools/research/state_tracking.py's command line: what it refuses before anything trains, the checkpoints
 that let a stopped sweep resume, and the estimate it prints before training."""
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Reference outputs of the authors' released code (implicit_llm), for checkpoint import/export tests.
 
-    PYTHONPATH=STUBS:SITE:RELEASED python tools/make_released_fixture.py \
+    PYTHONPATH=STUBS:SITE:RELEASED python tools/dev/make_released_fixture.py \
         [--out tests/fixtures/released] [--released RELEASED] [--stubs STUBS] [--dtype float64|float32]
 
 RELEASED is a checkout of github.com/markschoene/implicit_languagemodels (the folder holding
@@ -345,7 +345,7 @@ def run_arch(arch: str, released: Path, out: Path, dtype: torch.dtype, seed: int
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", default=str(Path(__file__).resolve().parents[1] / "tests/fixtures/released"))
+    parser.add_argument("--out", default=str(Path(__file__).resolve().parents[2] / "tests/fixtures/released"))
     parser.add_argument("--released", default=None, help="checkout of the released code (default: where "
                         "implicit_llm is imported from)")
     parser.add_argument("--stubs", default=None, help="folder with stand-in mamba_ssm / causal_conv1d packages")

@@ -1,6 +1,6 @@
 """What a checkpoint's integrity costs: save, manifest and the complete-tag check of a real checkpoint.
 
-    python tools/bench_checkpoint.py [--config configs/mamba2/130m-implicit.yaml] [--stage 1]
+    python tools/bench/bench_checkpoint.py [--config configs/mamba2/130m-implicit.yaml] [--stage 1]
                                      [--precision fp32] [--output /tmp/bench-checkpoint] [overrides ...]
 
 One process (gloo on CPU, NCCL on a GPU) builds the config's model in a DeepSpeed engine, takes one
@@ -20,7 +20,7 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 

@@ -1,6 +1,6 @@
 """Word-problem generation throughput on one CPU core: sampling plus prefix-product scan.
 
-    python tools/bench_word_problem.py [--tokens 4194304] [--repeats 5] [--p 0.1]
+    python tools/bench/bench_word_problem.py [--tokens 4194304] [--repeats 5] [--p 0.1]
 
 One row per (algebra, length): the batch holds about `--tokens` tokens, and the rate is tokens per
 second of the best of `--repeats` runs (inputs and labels included, as `generate` returns them).

@@ -1,8 +1,8 @@
 """Generation speed: transformers' `generate` with and without the state, or batched serving.
 
-    python tools/bench_generate.py [--config tiny/mamba2-implicit] [--export FOLDER]
+    python tools/bench/bench_generate.py [--config tiny/mamba2-implicit] [--export FOLDER]
         [--prefixes 64,256,1024] [--new-tokens 16] [--repeats 2] [--threads N] [--device cpu|cuda]
-    python tools/bench_generate.py --batches 1,8,32 [--models quickstart,EXPORT_FOLDER,...]
+    python tools/bench/bench_generate.py --batches 1,8,32 [--models quickstart,EXPORT_FOLDER,...]
         [--prompt-lengths 16,256] [--new-tokens 16] [--starts cold,warm] [--device cpu|cuda]
 
 The second form is the serving table (tools/generate.py's path, `generate_batch`): per model, batch
@@ -31,7 +31,7 @@ from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 

@@ -1,6 +1,6 @@
 """Check the fused kernels against the PyTorch path on a GPU.
 
-    python tools/validate_kernels.py [--dtype fp32|bf16] [--batch 2] [--seq-len 1000] [--ngroups 1]
+    python tools/node/validate_kernels.py [--dtype fp32|bf16] [--batch 2] [--seq-len 1000] [--ngroups 1]
 
 For the Mamba2 mixer (mamba_ssm / causal_conv1d: the memory-efficient fused path, the chunk-scan
 path, both with and without seq_idx, and the one-token step) and for Llama attention (flash-attn,

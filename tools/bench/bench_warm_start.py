@@ -1,6 +1,6 @@
 """Warm starts in sequential mode: passes saved, and what they change, against the solver's own tolerance.
 
-    python tools/bench_warm_start.py MODEL [MODEL ...] [--data PREFIX] [--prompts 16] [--new-tokens 128]
+    python tools/bench/bench_warm_start.py MODEL [MODEL ...] [--data PREFIX] [--prompts 16] [--new-tokens 128]
         [--windows 8] [--tight 10] [--rule released|solver]
 
 A warm start begins token t's solve from token t-1's fixed point instead of zero
@@ -30,7 +30,7 @@ from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 

@@ -1,11 +1,11 @@
 """Cost of the implicit core relative to the explicit model, on the machine it runs on.
 
-    python tools/bench_implicit.py [--configs tiny/mamba2-implicit,tiny/llama-implicit] [--device cpu|cuda]
+    python tools/bench/bench_implicit.py [--configs tiny/mamba2-implicit,tiny/llama-implicit] [--device cpu|cuda]
         [--dtype fp32|bf16] [--batch 8] [--seq-len 128] [--graphs off,auto] [--modes explicit,(4+1),...]
         [--loss chunked|plain] [--vocab-size N] [--profile] [--extras]
 
     # the GPU table of the paper's sizes (language-model training step without optimizer):
-    python tools/bench_implicit.py --device cuda --dtype bf16 --configs mamba2/130m-implicit \\
+    python tools/bench/bench_implicit.py --device cuda --dtype bf16 --configs mamba2/130m-implicit \\
         --batch 8 --seq-len 2048 --graphs off,auto
 
 One row per (config, mode, graphs): a training step (forward, loss, backward) of explicit, (4+1),
@@ -33,7 +33,7 @@ from implicit_megatron.config import AndersonSettings
 from implicit_megatron.implicit import SolverSettings
 from implicit_megatron.train.flops import peak_flops_per_device, step_flops
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 MODES = {
     "explicit": None,
     "(4+1)": SolverSettings(max_iter=4, phantom_steps=1),

@@ -1,6 +1,6 @@
 """Preprocessing throughput per worker against the tokenizer's own ceiling.
 
-    python tools/bench_preprocess.py [--repeat 4] [--workers 1 2] [--trials 3]
+    python tools/bench/bench_preprocess.py [--repeat 4] [--workers 1 2] [--trials 3]
 
 Ceiling: one thread running the tokenizer's `encode_batch` over the bundled corpus, in the same
 batches the pipeline forms, in a process started like a worker: what a worker could do if
@@ -35,7 +35,7 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 CORPUS = REPO / "data" / "corpus" / "shakespeare.jsonl.zst"
 TOKENIZER = REPO / "data" / "tokenizers" / "gpt-neox-20b.json.xz"
 TARGET_TOKENS = 207e9

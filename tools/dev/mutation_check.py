@@ -1,8 +1,8 @@
 """A mutation check: small breaks of the core, each of which the tests that guard it must catch.
 
-    python tools/mutation_check.py              # every break (about 10 minutes on 2 CPU cores)
-    python tools/mutation_check.py --only solver-stop-rule,phantom-damping
-    python tools/mutation_check.py --list
+    python tools/dev/mutation_check.py              # every break (about 10 minutes on 2 CPU cores)
+    python tools/dev/mutation_check.py --only solver-stop-rule,phantom-damping
+    python tools/dev/mutation_check.py --list
 
 A break is one edit of one file: an exact snippet of the source replaced by a subtly wrong one (a
 comparison turned, a step skipped, a check that always passes). For each, the repository is copied
@@ -25,7 +25,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @dataclass(frozen=True)

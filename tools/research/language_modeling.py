@@ -1,9 +1,10 @@
 """Language modelling: explicit against implicit Mamba2 on the same tokens, over seeds, tested at
 1x to 8x the trained length.
 
-    python tools/language_modeling.py [--config configs/quickstart.yaml] [--models explicit,implicit-4p1,implicit]
-        [--seeds 3|0,2] [--lengths 1,2,4,8] [--eval-windows N] [--output runs/language_modeling]
-        [--tag NAME] [--page docs/results/language_modeling.md] [--notes TEXT] [key=value ...]
+    python tools/research/language_modeling.py [--config configs/quickstart.yaml]
+        [--models explicit,implicit-4p1,implicit] [--seeds 3|0,2] [--lengths 1,2,4,8] [--eval-windows N]
+        [--output runs/language_modeling] [--tag NAME] [--page docs/results/language_modeling.md]
+        [--notes TEXT] [key=value ...]
 
 Each (model, seed) trains CONFIG through launch/pretrain.sh into OUTPUT/TAG/<model>/seed<k>:
 implicit is CONFIG as it is (its curriculum included), implicit-4p1 the same model trained (4+1)
@@ -30,7 +31,7 @@ import shlex
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 from implicit_megatron.utils.sweep_runs import checkpoint_interval, publish, seed_list, train_run  # noqa: E402
 
@@ -154,7 +155,7 @@ def main(argv: list[str] | None = None) -> int:
                                 f"({args.steps * args.batch * args.seq_len:,} tokens per run), seeds "
                                 f"{', '.join(map(str, args.seeds))}; tested at lengths {lengths} on the test split "
                                 f"({args.eval_windows or 'all'} windows per length, packed with seed {EVAL_SEED}).")}
-    results = {"command": "python tools/language_modeling.py " + shlex.join(argv), "settings": settings,
+    results = {"command": "python tools/research/language_modeling.py " + shlex.join(argv), "settings": settings,
                "runs": runs, "notes": args.notes}
     publish(results, folder, report, args.page, args.tag, "[language_modeling]",
             [folder / model / f"seed{args.seeds[0]}" for model in args.models])

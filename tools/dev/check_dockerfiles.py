@@ -1,7 +1,7 @@
 """The cluster images' checks: hadolint, and what only this project knows. Dockerfile (ROCm) and
 docker/cuda.Dockerfile (NVIDIA) take hours to build on machines CI does not have.
 
-    python tools/check_dockerfiles.py [DOCKERFILE ...] [--pyproject pyproject.toml] [--no-hadolint]
+    python tools/dev/check_dockerfiles.py [DOCKERFILE ...] [--pyproject pyproject.toml] [--no-hadolint]
 
 hadolint (the dev extra installs it) judges what any Dockerfile should get right (a root USER, pip
 without --no-cache-dir, ...). This adds: a base image pinned to a tag (hadolint cannot see through
@@ -9,7 +9,7 @@ the ARG that names it), no pip install of torch (it would replace the image's GP
 kernel of pyproject's `gpu` extra and DeepSpeed built with --no-build-isolation (against the
 image's torch) and for the clusters' GPUs (gfx942; sm_80 and sm_90), pins that agree with
 pyproject.toml, and no ARG that nothing reads. What a build shows is left to one:
-tools/container_smoke.sh builds both images on a stand-in base (without the kernels) and checks in
+tools/dev/container_smoke.sh builds both images on a stand-in base (without the kernels) and checks in
 them that the project is installed and imports, and that the image runs as its non-root user.
 Prints one `FILE:LINE: message` per problem and exits 1 if there is any, else 0.
 """
@@ -34,7 +34,7 @@ try:
 except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_FILES = ("Dockerfile", "docker/cuda.Dockerfile")
 HELD = {"torch", "torchvision", "torchaudio", "triton", "pytorch-triton-rocm"}  # the base image's GPU build
 ARCHS = {"rocm": {"PYTORCH_ROCM_ARCH": ["gfx942"], "HIP_ARCHITECTURES": ["gfx942"], "GPU_ARCHS": ["gfx942"]},

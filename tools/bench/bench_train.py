@@ -1,6 +1,6 @@
 """Training throughput on the machine it runs on: explicit, (4+1), (24+4) and each ZeRO stage.
 
-    python tools/bench_train.py [--config configs/tiny/mamba2-implicit.yaml] [--nproc 2] [--steps 12]
+    python tools/bench/bench_train.py [--config configs/tiny/mamba2-implicit.yaml] [--nproc 2] [--steps 12]
                                 [--stages 0,1,2,3] [--modes explicit,(4+1),...] [overrides ...]
 
 Each row is a real launch (torchrun, gloo on CPU or NCCL/RCCL on GPUs) of `implicit_megatron.train`
@@ -19,7 +19,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 MODES = {
     "explicit": ["implicit.enabled=false", "curriculum.phases=[]"],
     "(4+1)": ["curriculum.phases=[]", "implicit.max_iter=4", "implicit.phantom_steps=1", "implicit.tol=null"],

@@ -1,12 +1,12 @@
 """The first command on a new GPU node: kernels, CUDA graphs, NCCL, memory and a short speed table.
 
-    python tools/gpu_check.py [--config mamba2/130m-implicit] [--batch 8] [--seq-len 2048] [--dtype bf16]
-    torchrun --nproc_per_node=8 tools/gpu_check.py      # the all-reduce over every GPU of the node
+    python tools/node/gpu_check.py [--config mamba2/130m-implicit] [--batch 8] [--seq-len 2048] [--dtype bf16]
+    torchrun --nproc_per_node=8 tools/node/gpu_check.py      # the all-reduce over every GPU of the node
 
 One line per check, `ok` or `FAIL` with its figure:
 
   kernels   which fused kernels import (mamba_ssm + causal-conv1d, flash-attn)
-  fused     each fused kernel against the PyTorch path (tools/validate_kernels.py's comparisons)
+  fused     each fused kernel against the PyTorch path (tools/node/validate_kernels.py's comparisons)
   graphs    three training steps of two accumulated micro-batches each, with an optimizer updating
             the weights in place between them, implicit.cuda_graphs=on against eager, for the
             explicit model, (4+1), (24+4) and (24+4) at eps 0.05 (the implicit ones with weight
@@ -15,7 +15,7 @@ One line per check, `ok` or `FAIL` with its figure:
   memory    peak memory of a training step of each mode, eager and with graphs (FAIL where graphs
             add more than 15 %)
 
-then the speed table of tools/bench_implicit.py for the config (ms/step, tokens/s, MFU, ratio to
+then the speed table of tools/bench/bench_implicit.py for the config (ms/step, tokens/s, MFU, ratio to
 explicit; eager and graphs). The graph check runs at --check-batch x --check-seq-len; the table at
 --batch x --seq-len. Exits 0 when every check is ok, 1 when one fails, and 2 with one line on a
 machine without a GPU. On one H100 at the 130M shapes it takes a few minutes, the kernels'
@@ -37,7 +37,8 @@ import torch
 import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import bench_implicit  # noqa: E402
 import validate_kernels  # noqa: E402
@@ -46,7 +47,7 @@ from implicit_megatron import build_model, load_config  # noqa: E402
 from implicit_megatron.implicit import SolverSettings  # noqa: E402
 from implicit_megatron.models import kernels  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp64": torch.float64}
 TOLERANCE = {torch.float64: 1e-10, torch.float32: 2e-4, torch.bfloat16: 3e-2}
 MODES = {"explicit": None, "(4+1)": SolverSettings(max_iter=4, phantom_steps=1),

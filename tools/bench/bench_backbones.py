@@ -1,6 +1,6 @@
 """Forward + backward throughput of the explicit backbones on the machine it runs on.
 
-    python tools/bench_backbones.py [--configs tiny/mamba2-explicit,mamba2/130m-explicit] \
+    python tools/bench/bench_backbones.py [--configs tiny/mamba2-explicit,mamba2/130m-explicit] \
         [--seq-len 2048] [--batch 8] [--steps 10] [--dtype bf16] [--device cuda] [--threads N]
 
 One table row per config: parameters, the path taken (fused kernels or PyTorch), time per
@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from implicit_megatron import build_model, load_config
 from implicit_megatron.models import kernels
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_CONFIGS = "tiny/mamba2-explicit,tiny/llama-explicit,mamba2/130m-explicit,llama/130m-explicit"
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 

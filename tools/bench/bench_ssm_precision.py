@@ -1,6 +1,6 @@
 """What storing Mamba2's D, A_log and dt_bias in bf16 does to the loss (DeepSpeed's bf16 does so).
 
-    python tools/bench_ssm_precision.py [--config quickstart] [--steps 300] [--seeds 2] [--every 50]
+    python tools/bench/bench_ssm_precision.py [--config quickstart] [--steps 300] [--seeds 2] [--every 50]
 
 DeepSpeed's bf16 engine casts every parameter of the module to bf16 and keeps float32 master
 weights in the optimizer; mamba_ssm keeps D (and Megatron A_log and dt_bias) in float32. The mixer
@@ -32,7 +32,7 @@ from implicit_megatron.train.data import prepare_shards
 from implicit_megatron.train.optim import build_optimizer
 from implicit_megatron.train.schedule import learning_rate
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SSM_PARAMS = ("A_log", "D", "dt_bias")
 VARIANTS = ("bf16", "ssm-fp32", "fp32")
 

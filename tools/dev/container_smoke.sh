@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds the cluster images (Dockerfile for ROCm, docker/cuda.Dockerfile for NVIDIA) on a stand-in base
 # and runs them, on a machine without their GPU base images or a GPU:
-#   bash tools/container_smoke.sh            (as root; podman, buildah and debootstrap from apt)
+#   bash tools/dev/container_smoke.sh            (as root; podman, buildah and debootstrap from apt)
 #
 # 1. a Debian bookworm root file system (debootstrap --variant=minbase, with python3 and venv), imported
 #    as localhost/debian-minbase:bookworm;
@@ -16,7 +16,7 @@
 # debootstrap, or without root, it prints one line saying what is missing and exits 0.
 # Builds use podman's chroot isolation and the checks run through `buildah run`, which work where
 # `podman run` does not (no cgroups v2, no daemon). What only a ROCm/CUDA host checks: the real base
-# images and the fused kernels (GPU_KERNELS=1, the default, then tools/validate_kernels.py in the image).
+# images and the fused kernels (GPU_KERNELS=1, the default, then tools/node/validate_kernels.py in the image).
 # The images take the working tree as it is, as `docker build .` does.
 #
 # Settings (environment):
@@ -251,7 +251,7 @@ print(f"logits {tuple(logits.shape)}")'; then
 main() {
   local root tool free_gb flavour
   local -a missing=()
-  root="$(cd "$(dirname "$0")/.." && pwd)"
+  root="$(cd "$(dirname "$0")/../.." && pwd)"
   cd "$root" || exit 1
   for tool in podman buildah debootstrap; do
     command -v "$tool" > /dev/null 2>&1 || missing+=("$tool")

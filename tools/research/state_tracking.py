@@ -1,6 +1,6 @@
 """State tracking: train explicit and implicit Mamba2 on a word problem over seeds, test at longer words.
 
-    python tools/state_tracking.py --algebra Z2 [--models explicit-1l,explicit-2l,explicit-4l,implicit]
+    python tools/research/state_tracking.py --algebra Z2 [--models explicit-1l,explicit-2l,explicit-4l,implicit]
         [--seeds 3|0,2] [--length 64] [--test-lengths 64,256,1024] [--p 0.5] [--eval-p 0.5]
         [--steps 1000] [--batch 64] [--d-model 64] [--recipe ours|released] [--sequential]
         [--test-words 256[,LENGTH:N]] [--test-tol 0.01] [--own-stop] [--estimate] [--nproc 1] [--precision fp32|bf16]
@@ -35,7 +35,7 @@ Extra key=value arguments go to every training run. Tables give mean ± sd over 
 The paper's experiment (fig. 3: Ma x A5 at length 256, p = 0.1, tested at p = 0.5 and at 1024;
 the released model's widths; 10 seeds), for a GPU machine:
 
-    python tools/state_tracking.py --algebra Ma_A5 --seeds 10 --length 256 --p 0.1 --eval-p 0.5 \
+    python tools/research/state_tracking.py --algebra Ma_A5 --seeds 10 --length 256 --p 0.1 --eval-p 0.5 \
         --test-lengths 256,1024 --test-words 1024 --d-model 256 --batch 512 --steps 16384 \
         --nproc 1 --precision bf16 --tag Ma_A5-L256-paper --page docs/results/state_tracking.md
 """
@@ -52,7 +52,7 @@ import zlib
 from dataclasses import replace
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 from implicit_megatron.utils.sweep_runs import checkpoint_interval, finished, publish, seed_list, train_run  # noqa: E402
 
@@ -323,8 +323,8 @@ def main(argv: list[str] | None = None) -> int:
                                 f"recipe {args.recipe}, seeds {', '.join(map(str, args.seeds))}; "
                                 f"test words per set: {words_note(args)}; test-time tolerance "
                                 f"{args.test_tol or 'as trained'}.")}
-    results = {"command": "python tools/state_tracking.py " + shlex.join(argv), "settings": settings, "runs": runs,
-               "notes": args.notes}
+    results = {"command": "python tools/research/state_tracking.py " + shlex.join(argv), "settings": settings,
+               "runs": runs, "notes": args.notes}
     publish(results, folder, report, args.page, args.tag, "[state_tracking]",
             [folder / model / f"seed{args.seeds[0]}" for model in args.models])
     return 0
