@@ -40,8 +40,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
     from implicit_megatron.evaluation.plots import pyplot
-    from implicit_megatron.evaluation.run_plot import plot
-    from implicit_megatron.tracking.run_curves import NotARunError, read_run
+    from implicit_megatron.evaluation.run_plot import NotARunError, plot, read_run
     from implicit_megatron.utils.typed_yaml import ConfigError
 
     try:

@@ -79,7 +79,7 @@ def check_options(options: EvalOptions) -> None:
     if "lm_eval" in options.tasks:  # unknown tasks, or data that cannot be had offline, in one line
         check_tasks(options.lm_eval)
     if options.run_dir:  # where results will be logged: the run folder's own store, checked now
-        from implicit_megatron.evaluation.tracking import check_destination
+        from implicit_megatron.evaluation.mlflow_results import check_destination
 
         check_destination(options.run_dir)
 
@@ -248,6 +248,6 @@ def write_outputs(results: dict, out: Path) -> list[Path]:
 
 
 def log_mlflow(run_dir: str, loaded: LoadedModel, results: dict, files: list[Path]) -> str:
-    from implicit_megatron.evaluation.tracking import log_results
+    from implicit_megatron.evaluation.mlflow_results import log_results
 
     return log_results(run_dir, loaded.cfg.name, results, files)

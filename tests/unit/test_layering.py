@@ -117,3 +117,14 @@ def test_no_module_imports_itself_through_others():
              for name, path in modules.items()}
     assert sum(map(len, graph.values())) > 200  # the walk sees the project's imports
     assert import_circles(graph) == []
+
+
+def test_utils_is_the_ground_floor():
+    """implicit_megatron.utils imports nothing of the project outside itself (read from the source,
+    every import counted), so every package may use it without reaching up."""
+    modules = project_modules()
+    reaching = {name: sorted(m for m in imported_names(name, path, modules)
+                             if m.startswith(PACKAGES) and not m.startswith("implicit_megatron.utils"))
+                for name, path in modules.items() if name.startswith("implicit_megatron.utils")}
+    assert len(reaching) >= 5
+    assert {name: up for name, up in reaching.items() if up} == {}

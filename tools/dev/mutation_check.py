@@ -165,10 +165,10 @@ BREAKS = [
           "        while block := handle.read(chunk):\n            sha.update(block)",
           "        sha.update(handle.read(1 << 16))",
           ("tests/unit/data_pipeline/test_packed.py",), "the index cache is keyed by the start of the .idx only"),
-    Break("progress-at-the-end", "implicit_megatron/utils/train_progress.py",
+    Break("progress-at-the-end", "implicit_megatron/research/train_progress.py",
           "        if self.shown_at is None or step >= total or now - self.shown_at >= self.every:",
           "        if step >= total:",
-          ("tests/unit/tools/test_train_progress.py",), "a child's steps are shown only when it ends"),
+          ("tests/unit/research/test_train_progress.py",), "a child's steps are shown only when it ends"),
 ]
 
 

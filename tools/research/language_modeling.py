@@ -33,7 +33,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
-from implicit_megatron.utils.sweep_runs import checkpoint_interval, publish, seed_list, train_run  # noqa: E402
+from implicit_megatron.research.sweep_runs import checkpoint_interval, publish, seed_list, train_run  # noqa: E402
 
 MODELS = ("explicit", "implicit-4p1", "implicit")
 BOUNDED_4P1 = "curriculum.phases=[{name: bounded, kind: bounded, fraction: 1.0, max_iter: 4, phantom_steps: 1}]"
@@ -130,7 +130,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from implicit_megatron.evaluation import language_modeling_report as report
+    from implicit_megatron.research import language_modeling_report as report
 
     args = parse(argv)
     argv = sys.argv[1:] if argv is None else argv

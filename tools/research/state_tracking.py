@@ -54,7 +54,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
-from implicit_megatron.utils.sweep_runs import checkpoint_interval, finished, publish, seed_list, train_run  # noqa: E402
+from implicit_megatron.research.sweep_runs import checkpoint_interval, finished, publish, seed_list, train_run  # noqa: E402
 
 CONFIGS = ROOT / "configs" / "state_tracking"
 TEST_SEED = 10_000  # test words: seeds far from every training seed (data.seed + seed)
@@ -292,7 +292,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     from data_pipeline.synthetic.algebra import get_algebra
-    from implicit_megatron.evaluation import state_tracking_report as report
+    from implicit_megatron.research import state_tracking_report as report
 
     args = parse(argv)
     argv = sys.argv[1:] if argv is None else argv

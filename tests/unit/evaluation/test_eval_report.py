@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from implicit_megatron.evaluation import report
-from implicit_megatron.evaluation.tracking import flat_metrics
+from implicit_megatron.evaluation.mlflow_results import flat_metrics
 
 RESULTS = {
     "model": {"label": "m (24+4)", "source": "runs/m/checkpoints",

@@ -11,9 +11,9 @@ import torch
 
 from data_pipeline.synthetic.word_problem import generate
 from implicit_megatron import build_model, load_config
-from implicit_megatron.evaluation import state_tracking_report as report
-from implicit_megatron.evaluation.state_tracking_report import bootstrap_interval, tables, write_page, write_sweep
 from implicit_megatron.evaluation.word_problems import evaluate_words
+from implicit_megatron.research import state_tracking_report as report
+from implicit_megatron.research.state_tracking_report import bootstrap_interval, tables, write_page, write_sweep
 
 ROOT = Path(__file__).resolve().parents[3]
 SMALL = ["task.word_problem.algebra=S3", "model.vocab_size=6", "model.d_model=32", "model.mamba2.headdim=16",

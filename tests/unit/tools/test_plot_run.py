@@ -13,8 +13,8 @@ from support.processes import ROOT
 from support.tools import load_tool
 
 from implicit_megatron.config import Config, CurriculumConfig, PhaseConfig
+from implicit_megatron.evaluation.run_plot import last_record_per_step, read_run
 from implicit_megatron.tracking.metrics_file import append_metrics
-from implicit_megatron.tracking.run_curves import last_record_per_step, read_run
 
 STEPS, BATCH, SEQ = 20, 4, 32  # 128 tokens per step
 

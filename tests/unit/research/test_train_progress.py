@@ -1,4 +1,4 @@
-"""implicit_megatron.utils.train_progress: a child's `[train] step` lines shown while it runs (a bar on
+"""implicit_megatron.research.train_progress: a child's `[train] step` lines shown while it runs (a bar on
 a terminal, throttled lines in a log), its warnings passed on, its output's tail and exit status kept."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import io
 import sys
 import time
 
-from implicit_megatron.utils.train_progress import StepProgress, run_with_progress
+from implicit_megatron.research.train_progress import StepProgress, run_with_progress
 
 CHILD = """
 import sys, time

@@ -13,7 +13,7 @@ import statistics
 from pathlib import Path
 
 from implicit_megatron.evaluation.plots import finish, pyplot, runs_figure
-from implicit_megatron.evaluation.state_tracking_report import model_label, spread
+from implicit_megatron.research.state_tracking_report import model_label, spread
 
 PAGE_HEADER = """# Language modelling: explicit against implicit Mamba2
 

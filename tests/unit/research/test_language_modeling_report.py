@@ -8,8 +8,8 @@ import statistics
 
 import pytest
 
-from implicit_megatron.evaluation.language_modeling_report import lengths_of, tables, write_page, write_sweep
-from implicit_megatron.evaluation.state_tracking_report import bootstrap_interval
+from implicit_megatron.research.language_modeling_report import lengths_of, tables, write_page, write_sweep
+from implicit_megatron.research.state_tracking_report import bootstrap_interval
 
 
 def buckets(ppl: float, length: int) -> list[dict]:

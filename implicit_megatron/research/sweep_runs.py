@@ -40,7 +40,7 @@ def finished(out: Path, steps: int) -> bool:
 def train_run(config: Path, overrides: list[str], out: Path, steps: int, label: str, nproc: int = 1) -> None:
     """Train `config` with `overrides` into `out` through launch/pretrain.sh, its progress on stderr;
     a finished run is left as it is, an unfinished one resumes from its last checkpoint."""
-    from implicit_megatron.utils.train_progress import run_with_progress
+    from implicit_megatron.research.train_progress import run_with_progress
 
     if finished(out, steps):
         print(f"{label}: finished run in {out}, not trained again", flush=True)
@@ -56,8 +56,7 @@ def train_run(config: Path, overrides: list[str], out: Path, steps: int, label: 
 
 def draw_runs(run_folders: Sequence[Path], png: Path, title: str) -> Path:
     """tools/plot_run.py's panels (loss, passes, residual, accuracy, ...) of `run_folders` on one figure."""
-    from implicit_megatron.evaluation.run_plot import plot
-    from implicit_megatron.tracking.run_curves import read_run
+    from implicit_megatron.evaluation.run_plot import plot, read_run
 
     return plot([read_run(folder) for folder in run_folders], png, title)
 
