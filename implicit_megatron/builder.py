@@ -14,7 +14,7 @@ from implicit_megatron.implicit.weight_norm import apply_weight_norm, remove_wei
 from implicit_megatron.models.backbone import Backbone, released_init_
 from implicit_megatron.models.lm import LanguageModel
 
-__all__ = ["apply_weight_norm", "build_model", "remove_weight_norm", "weight_normed_layers"]
+__all__ = ["apply_weight_norm", "build_model", "build_training_model", "remove_weight_norm", "weight_normed_layers"]
 
 
 def build_model(cfg: Config, device=None, dtype=None) -> LanguageModel:
@@ -36,6 +36,22 @@ def build_model(cfg: Config, device=None, dtype=None) -> LanguageModel:
             apply_weight_norm(injection)
     core = ImplicitCore(backbone, settings, injection, cuda_graphs=cfg.implicit.cuda_graphs)
     return LanguageModel(cfg.model, core, device=device, dtype=dtype)
+
+
+def build_training_model(cfg: Config, timer=None) -> LanguageModel:
+    """The model as the trainer runs it: `build_model`, then what training adds, in one place.
+    Layers recompute their activations in backward (distributed.activation_checkpointing), blocks
+    are compiled (train.compile), no CUDA graphs under ZeRO-3 (it gathers and releases parameters
+    inside the forward), and `timer` (train.timers: name -> context manager) times the solve and
+    the phantom passes."""
+    model = build_model(cfg)
+    model.backbone.checkpoint_layers = cfg.distributed.activation_checkpointing
+    if cfg.train.compile:
+        model.backbone.compile_blocks()
+    if cfg.distributed.zero_stage == 3:
+        model.core.graph_blocker = "ZeRO-3 gathers and releases parameters inside the forward"
+    model.core.timer = timer
+    return model
 
 
 def weight_normed_layers(module: nn.Module) -> list[nn.Module]:

@@ -77,7 +77,7 @@ def notes(cfg: Config) -> list[str]:
 def epochs_warning(cfg: Config) -> str | None:
     """The data summary's warning where the shards are there to count (not before a first build)."""
     from data_pipeline.shard_check import ShardError
-    from implicit_megatron.train.data import data_summary
+    from implicit_megatron.train.tasks.shards import data_summary
 
     try:
         return data_summary(cfg)[1]
@@ -161,7 +161,7 @@ def validate_data(cfg: Config, fail) -> None:
                                   f"USER_UID of its owner")
                     break  # the quickstart: tokenized from data.source on first use
                 if split == "valid":
-                    continue  # validation is then skipped, with a warning (train.tasks)
+                    continue  # validation is then skipped, with a warning (train.tasks.language_model)
                 fail(key, f"no shards for {prefix!r}{taken_from(prefix)}: neither {prefix}_train.bin/.idx nor "
                           f"{prefix}_train_00000.bin/.idx exists. Check the path, or build them: python -m "
                           f"data_pipeline.preprocess --input CORPUS --tokenizer {cfg.data.tokenizer} --output-prefix "

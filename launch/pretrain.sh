@@ -90,7 +90,7 @@ fi
 # Refuse a bad config here, before any process starts.
 outdir="$("$PYTHON" -m implicit_megatron.config "$config" "$@" --world-size "$world" --get output_dir)"
 # One run per output folder: refuse here, before this launch writes into it (rank 0 takes the lock).
-"$PYTHON" -m implicit_megatron.train.run_lock "$outdir"
+"$PYTHON" -m implicit_megatron.train.process.run_lock "$outdir"
 
 cores="$(nproc 2>/dev/null || echo 1)"
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-$(( cores / per_node > 0 ? cores / per_node : 1 ))}"
@@ -178,6 +178,6 @@ if [ "${nodes:-2}" -gt 1 ]; then
   exit 2
 fi
 # shellcheck disable=SC2086
-launch "$PYTHON" -m implicit_megatron.train.torchrun --nnodes 1 --nproc_per_node "$per_node" \
+launch "$PYTHON" -m implicit_megatron.train.process.torchrun --nnodes 1 --nproc_per_node "$per_node" \
   --master_addr "${MASTER_ADDR:-127.0.0.1}" --master_port "$port" ${LAUNCHER_ARGS:-} \
   -m implicit_megatron.train "$config" "$@"

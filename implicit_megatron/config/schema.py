@@ -160,7 +160,7 @@ class WordProblemConfig:
 
 @dataclass
 class CatbabiConfig:
-    """catbAbI (train.catbabi_task): the bAbI stories of `folder` as one stream in windows of
+    """catbAbI (train.tasks.catbabi): the bAbI stories of `folder` as one stream in windows of
     data.seq_len + 1, the loss and accuracy on answer tokens; validation also per task."""
 
     folder: str = "data/catbabi"  # qa<N>_*_{train,valid,test}.txt of bAbI v1.2 (en-valid-10k), or converted files

@@ -16,7 +16,8 @@ import sys
 from pathlib import Path
 
 from implicit_megatron.prelaunch import load_config
-from implicit_megatron.train import quiet, stopping
+from implicit_megatron.train import stopping
+from implicit_megatron.train.process import quiet
 from implicit_megatron.utils.typed_yaml import ConfigError, dashed_override
 
 ENCODED = "--args-base64"  # launch/pretrain.sh's form on several nodes: CONFIG and overrides, NUL-ended, in base64
@@ -86,7 +87,7 @@ def _run(args, seen_output) -> int:
         os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
                           MASTER_PORT=os.environ.get("MASTER_PORT") or str(_free_port()))
     rank = int(os.environ["RANK"])
-    from implicit_megatron.train.run_lock import RunLock, RunLocked
+    from implicit_megatron.train.process.run_lock import RunLock, RunLocked
 
     try:  # rank 0 takes the output folder before anything is written to it
         lock = RunLock.acquire(cfg.output_dir, log=lambda line: print(f"[train] {line}", flush=True)) \

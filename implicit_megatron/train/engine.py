@@ -31,6 +31,11 @@ def init_distributed(cfg: Config) -> None:
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
 
 
+def local_device() -> torch.device:
+    """This rank's device, as init_distributed set it and the engine will use it: its GPU, or the CPU."""
+    return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+
+
 def process_group_backend(cfg: Config) -> str:
     """distributed.backend, with `auto` as NCCL (RCCL on ROCm) where there are GPUs, else gloo."""
     if cfg.distributed.backend != "auto":

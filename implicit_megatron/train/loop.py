@@ -21,7 +21,7 @@ import torch.distributed as dist
 import yaml
 
 from data_pipeline.tokenizer import load_tokenizer
-from implicit_megatron.builder import build_model
+from implicit_megatron.builder import build_training_model
 from implicit_megatron.checkpoints import safe_load
 from implicit_megatron.checkpoints.layout import checkpoint_dir
 from implicit_megatron.config import Config
@@ -31,7 +31,7 @@ from implicit_megatron.tracking.run_record import apply_environment
 from implicit_megatron.train import callbacks, stopping
 from implicit_megatron.train.checkpointer import Checkpointer
 from implicit_megatron.train.curriculum import Phases
-from implicit_megatron.train.engine import build_engine, init_distributed
+from implicit_megatron.train.engine import build_engine, init_distributed, local_device
 from implicit_megatron.train.flops import peak_flops_per_device, step_flops
 from implicit_megatron.train.guards import LossJumpGuard, nonfinite_stop
 from implicit_megatron.train.log_line import validation_text
@@ -71,7 +71,9 @@ class Trainer:
             self.task.prepare()
         dist.barrier()
         torch.manual_seed(cfg.train.seed)
-        self.model = self._build_model()
+        self.timers = StepTimers(cfg.train.timers, local_device())
+        self.model = build_training_model(cfg, self.timers.section if cfg.train.timers else None)
+        self.backbone_params = sum(p.numel() for p in self.model.core.backbone.parameters())
         self.checkpointer = Checkpointer(cfg, self.rank, self.world, self.log, self._before_latest)
         source = self.checkpointer.prepare(self.model)  # before the engine: it may name a universal load
         self.engine = build_engine(cfg, self.model, load_universal=source is not None and source.how == "universal")
@@ -85,21 +87,8 @@ class Trainer:
         self.preemption = stopping.Preemption(cfg.output_dir, self.rank, cfg.train.exit_after_minutes)
         self.interval = IntervalMetrics()
         self.stall = StallWatch(cfg.distributed.timeout_minutes, self.rank)
-        self.timers = StepTimers(cfg.train.timers, self.engine.device)
-        self.engine.module.core.timer = self.timers.section if cfg.train.timers else None
         self.peak_flops = peak_flops_per_device(cfg)
         self.eod_id = load_tokenizer(cfg.data.tokenizer).eod_id if cfg.model.separate_documents else None
-
-    def _build_model(self):
-        cfg = self.cfg
-        model = build_model(cfg)
-        model.core.backbone.checkpoint_layers = cfg.distributed.activation_checkpointing
-        if cfg.train.compile:
-            model.core.backbone.compile_blocks()
-        if cfg.distributed.zero_stage == 3:
-            model.core.graph_blocker = "ZeRO-3 gathers and releases parameters inside the forward"
-        self.backbone_params = sum(p.numel() for p in model.core.backbone.parameters())
-        return model
 
     @property
     def source(self):

@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from typing import cast
 
 import torch
 import torch.nn.functional as F
 
 from implicit_megatron.models.loss import IGNORE_INDEX
-from implicit_megatron.train.catbabi_task import group_hits
 from implicit_megatron.train.step_metrics import reduce_over_ranks
+from implicit_megatron.train.tasks import GroupedTask, Task
 
 
 def lm_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
@@ -31,12 +32,23 @@ def accuracy(logits: torch.Tensor, labels: torch.Tensor, vocab_size: int) -> tor
 
 
 @torch.no_grad()
-def evaluate(engine, task, forward: Callable, vocab_size: int, rank: int, world: int) -> dict[str, float]:
+def group_hits(logits: torch.Tensor, labels: torch.Tensor, groups: torch.Tensor, vocab_size: int,
+               count: int) -> torch.Tensor:
+    """(2, count): correct predictions and scored positions per group (positions in group -1 are not scored)."""
+    scored = groups >= 0
+    hits = (logits[..., :vocab_size].argmax(-1) == labels) & scored
+    ids = groups.clamp_min(0).flatten()
+    return torch.stack([torch.bincount(ids, hits.flatten().float(), minlength=count)[:count],
+                        torch.bincount(ids, scored.flatten().float(), minlength=count)[:count]])
+
+
+def evaluate(engine, task: Task, forward: Callable, vocab_size: int, rank: int, world: int) -> dict[str, float]:
     """Loss (and perplexity or accuracy) and solver statistics of every evaluation set of `task`.
     `forward(inputs, labels=None)` is the trainer's: logits, or with labels the mean loss."""
     engine.eval()
     results = {}
     device = engine.device
+    grouped = cast(GroupedTask, task) if task.groups else None
     for name, batches in task.eval_sets(rank, world).items():
         # loss sum, hits, tokens, passes, forwards, residual sum, converged, samples: over ranks later
         sums = torch.zeros(8, dtype=torch.float64, device=device)
@@ -49,8 +61,8 @@ def evaluate(engine, task, forward: Callable, vocab_size: int, rank: int, world:
                 logits = forward(inputs)
                 sums[0] += lm_loss(logits, labels).double() * count
                 sums[1] += accuracy(logits, labels, vocab_size).double() * count
-                if task.groups:
-                    by_group += group_hits(logits, labels, task.accuracy_groups(batch).to(labels.device),
+                if grouped is not None:
+                    by_group += group_hits(logits, labels, grouped.accuracy_groups(batch).to(labels.device),
                                            vocab_size, task.groups)
             else:  # the mean loss of a batch without labels (padding) is NaN: it adds nothing
                 loss = forward(inputs, labels).double()
@@ -77,7 +89,7 @@ def evaluate(engine, task, forward: Callable, vocab_size: int, rank: int, world:
             results[f"{name}/accuracy"] = correct / tokens
         else:
             results[f"{name}/ppl"] = math.exp(min(loss, 50.0))
-        if task.groups:
-            results.update(task.group_metrics(name, reduce_over_ranks(by_group.flatten().tolist(), device)))
+        if grouped is not None:
+            results.update(grouped.group_metrics(name, reduce_over_ranks(by_group.flatten().tolist(), device)))
     engine.train()
     return results

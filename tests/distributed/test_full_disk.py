@@ -25,8 +25,9 @@ def test_a_save_into_a_full_filesystem_fails_by_name_and_keeps_latest(nproc, sha
     if not can_mount_tmpfs(out):
         pytest.skip("this kernel does not let an unprivileged user mount a tmpfs (no user namespaces)")
     launch = [sys.executable, "-m", "implicit_megatron.train"] if nproc == 1 else [  # as launch/pretrain.sh
-        sys.executable, "-m", "implicit_megatron.train.torchrun", "--nnodes", "1", "--nproc_per_node", str(nproc),
-        "--master_addr", "127.0.0.1", "--master_port", str(free_port()), "-m", "implicit_megatron.train"]
+        sys.executable, "-m", "implicit_megatron.train.process.torchrun", "--nnodes", "1",
+        "--nproc_per_node", str(nproc), "--master_addr", "127.0.0.1", "--master_port", str(free_port()),
+        "-m", "implicit_megatron.train"]
     train = [*launch, TINY, f"data.prefixes=[{shakespeare_shards}]", "data.source=null", f"train.output_dir={out}",
              "train.steps=12", "checkpoint.interval=6", "train.eval_interval=100", "tracking.enabled=false",
              "distributed.zero_stage=0", "distributed.timeout_minutes=1"]  # a hang would end in a minute, unnamed

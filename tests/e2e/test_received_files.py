@@ -123,7 +123,7 @@ def test_a_link_in_a_run_folder_is_refused_before_the_run_writes_through_it(entr
     resumed = train(*settings(shakespeare_shards, run, *ONE_MORE_STEP))  # a resume that trains and saves
     assert resumed.returncode == 2 and f"{run / entry} is a symbolic link" in resumed.stderr, resumed.stderr[-3000:]
     assert {p: p.read_bytes() for p in victim.parent.rglob("*") if p.is_file()} == before
-    checked = subprocess.run([sys.executable, "-m", "implicit_megatron.train.run_lock", str(run)], cwd=ROOT,
+    checked = subprocess.run([sys.executable, "-m", "implicit_megatron.train.process.run_lock", str(run)], cwd=ROOT,
                              capture_output=True, text=True)  # launch/pretrain.sh's check, before any process
     assert checked.returncode == 2 and f"{run / entry} is a symbolic link" in checked.stderr
 

@@ -28,9 +28,9 @@ import torch
 
 from data_pipeline.packed import build_packed_dataset
 from implicit_megatron import build_model, load_config
-from implicit_megatron.train.data import prepare_shards
 from implicit_megatron.train.optim import build_optimizer
 from implicit_megatron.train.schedule import learning_rate
+from implicit_megatron.train.tasks.shards import prepare_shards
 
 ROOT = Path(__file__).resolve().parents[2]
 SSM_PARAMS = ("A_log", "D", "dt_bias")

@@ -62,7 +62,7 @@ def main() -> None:
     args = parser.parse_args()
     sys.path.insert(0, str(ROOT))
     from implicit_megatron import load_config
-    from implicit_megatron.train.data import prepare_shards
+    from implicit_megatron.train.tasks.shards import prepare_shards
 
     cfg = load_config(ROOT / args.config, args.overrides, world_size=args.nproc)
     prepare_shards(cfg)

@@ -9,7 +9,7 @@ import torch
 
 from implicit_megatron import load_config
 from implicit_megatron.models.loss import IGNORE_INDEX
-from implicit_megatron.train.tasks import LanguageModelTask
+from implicit_megatron.train.tasks.language_model import LanguageModelTask
 
 ROOT = Path(__file__).resolve().parents[3]
 

@@ -8,7 +8,7 @@ holder. A lock whose holder is gone (same host, no such process, or the id now b
 process) is stale and taken over with a log line; a lock held on another host cannot be checked
 from here, and the message says how to clear it. The lock is released when the run ends.
 
-    python -m implicit_megatron.train.run_lock OUTPUT_DIR    (exit 2 naming the holder if in use)
+    python -m implicit_megatron.train.process.run_lock OUTPUT_DIR    (exit 2 naming the holder if in use)
 
 is the check launch/pretrain.sh makes before it writes anything.
 """
@@ -136,7 +136,7 @@ class RunLock:
 
 if __name__ == "__main__":
     if len(sys.argv) != 2:
-        print("usage: python -m implicit_megatron.train.run_lock OUTPUT_DIR", file=sys.stderr)
+        print("usage: python -m implicit_megatron.train.process.run_lock OUTPUT_DIR", file=sys.stderr)
         sys.exit(2)
     reason = in_use(sys.argv[1])
     if reason:

@@ -11,10 +11,10 @@ from pathlib import Path
 
 from data_pipeline.packed import split_tokens
 from implicit_megatron import load_config
-from implicit_megatron.train.data import data_summary
-from implicit_megatron.train.tasks import LanguageModelTask
+from implicit_megatron.train.tasks.language_model import LanguageModelTask
+from implicit_megatron.train.tasks.shards import data_summary
 
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[4]
 TINY = "configs/tiny/mamba2-explicit.yaml"
 
 
@@ -38,7 +38,7 @@ def test_the_summary_counts_each_split_and_the_epochs_of_the_plan(shakespeare_sh
 
 
 def test_the_trainer_prints_the_summary_and_warns_above_one_epoch(shakespeare_shards, caplog, capsys):
-    with caplog.at_level(logging.WARNING, logger="implicit_megatron.train.tasks"):
+    with caplog.at_level(logging.WARNING, logger="implicit_megatron.train.tasks.language_model"):
         LanguageModelTask(config(shakespeare_shards, steps=1000, seq_len=2048)).prepare()
     line = capsys.readouterr().out
     assert line.startswith("[data] train ") and "epochs of the train split" in line

@@ -9,7 +9,7 @@ from support.processes import ROOT, child_env
 
 SCRIPT = r"""
 import logging, os, sys, warnings
-from implicit_megatron.train import quiet
+from implicit_megatron.train.process import quiet
 quiet.settle(int(sys.argv[1]))
 print("DS_ACCELERATOR", os.environ.get("DS_ACCELERATOR"))
 import torch.distributed as dist

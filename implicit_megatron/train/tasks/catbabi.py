@@ -24,7 +24,7 @@ from data_pipeline.synthetic.catbabi import folder_vocabulary, split_windows
 from implicit_megatron.config import Config
 from implicit_megatron.errors import RunRefused
 from implicit_megatron.models.loss import IGNORE_INDEX
-from implicit_megatron.train.batch_streams import GlobalBatchStream, order_digest, split_fixed_set
+from implicit_megatron.train.tasks.batch_streams import GlobalBatchStream, order_digest, split_fixed_set
 
 TASKS = 20  # bAbI task numbers run from 1 to 20; metrics are named accuracy_task<N>
 VOCAB_FILE = "catbabi_vocab.json"
@@ -36,16 +36,6 @@ def windows(folder: str, split: str, split_answers: bool, seq_len: int, seed: in
         return split_windows(folder, split, split_answers, seq_len, seed)
     except ValueError as err:
         raise RunRefused(str(err)) from None
-
-
-def group_hits(logits: torch.Tensor, labels: torch.Tensor, groups: torch.Tensor, vocab_size: int,
-               count: int) -> torch.Tensor:
-    """(2, count): correct predictions and scored positions per group (positions in group -1 are not scored)."""
-    scored = groups >= 0
-    hits = (logits[..., :vocab_size].argmax(-1) == labels) & scored
-    ids = groups.clamp_min(0).flatten()
-    return torch.stack([torch.bincount(ids, hits.flatten().float(), minlength=count)[:count],
-                        torch.bincount(ids, scored.flatten().float(), minlength=count)[:count]])
 
 
 class CatbabiTask:

@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from implicit_megatron.train.run_lock import LOCK_FILE, RunLock, RunLocked, in_use
+from implicit_megatron.train.process.run_lock import LOCK_FILE, RunLock, RunLocked, in_use
 
-ROOT = Path(__file__).resolve().parents[3]
-HOLD = "from implicit_megatron.train.run_lock import RunLock; import sys, time; RunLock.acquire(sys.argv[1]); " \
-       "print('held', flush=True); time.sleep(60)"
+ROOT = Path(__file__).resolve().parents[4]
+HOLD = ("from implicit_megatron.train.process.run_lock import RunLock; import sys, time; "
+        "RunLock.acquire(sys.argv[1]); print('held', flush=True); time.sleep(60)")
 
 
 def holder_process(folder: Path) -> subprocess.Popen:
@@ -30,8 +30,8 @@ def test_a_live_holder_is_refused_by_name(tmp_path):
     try:
         with pytest.raises(RunLocked, match=rf"{tmp_path} is in use by another run \(host .*, process {proc.pid}"):
             RunLock.acquire(tmp_path)
-        cli = subprocess.run([sys.executable, "-m", "implicit_megatron.train.run_lock", str(tmp_path)], cwd=ROOT,
-                             capture_output=True, text=True)
+        cli = subprocess.run([sys.executable, "-m", "implicit_megatron.train.process.run_lock", str(tmp_path)],
+                             cwd=ROOT, capture_output=True, text=True)
         assert cli.returncode == 2 and f"process {proc.pid}" in cli.stderr
         assert json.loads((tmp_path / LOCK_FILE).read_text())["pid"] == proc.pid  # untouched
     finally:
@@ -90,7 +90,7 @@ def test_a_damaged_lock_is_taken_over_with_a_line_naming_it(damage, tmp_path):
     not JSON at all, names no holder: the launch check passes and the run takes it over, saying so."""
     (tmp_path / LOCK_FILE).write_bytes(damage)
     assert in_use(tmp_path) is None
-    cli = subprocess.run([sys.executable, "-m", "implicit_megatron.train.run_lock", str(tmp_path)], cwd=ROOT,
+    cli = subprocess.run([sys.executable, "-m", "implicit_megatron.train.process.run_lock", str(tmp_path)], cwd=ROOT,
                          capture_output=True, text=True)
     assert cli.returncode == 0 and not cli.stderr, cli.stderr
     said = []

@@ -1,6 +1,6 @@
 """torchrun for launch/pretrain.sh on machines without GPUs, without its wall of text.
 
-    python -m implicit_megatron.train.torchrun [torchrun's arguments]
+    python -m implicit_megatron.train.process.torchrun [torchrun's arguments]
 
 It runs torch.distributed.run itself. When a rank fails, torchrun prints a traceback of its own
 and a table of every rank's exit around the one line that matters; a rank that refuses to go on

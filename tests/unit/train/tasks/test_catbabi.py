@@ -11,11 +11,12 @@ import torch
 from data_pipeline.synthetic.catbabi import Vocabulary, folder_vocabulary, load_split, per_task_accuracy
 from implicit_megatron import load_config
 from implicit_megatron.models.loss import IGNORE_INDEX
-from implicit_megatron.train.catbabi_task import CatbabiTask, group_hits
 from implicit_megatron.train.tasks import build_task
+from implicit_megatron.train.tasks.catbabi import CatbabiTask
+from implicit_megatron.train.validation import group_hits
 from implicit_megatron.utils.typed_yaml import ConfigError
 
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[4]
 CONFIG = str(ROOT / "configs/catbabi/mamba2-explicit.yaml")
 FIXTURE = str(ROOT / "tests/fixtures/catbabi")
 SMALL = [f"task.catbabi.folder={FIXTURE}", "data.seq_len=24", "train.global_batch_size=8",

@@ -10,10 +10,12 @@ import torch
 
 from data_pipeline.synthetic.algebra import get_algebra
 from implicit_megatron import load_config
-from implicit_megatron.train.tasks import LanguageModelTask, WordProblemTask, build_task
+from implicit_megatron.train.tasks import build_task
+from implicit_megatron.train.tasks.language_model import LanguageModelTask
+from implicit_megatron.train.tasks.word_problem import WordProblemTask
 from implicit_megatron.utils.typed_yaml import ConfigError
 
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[4]
 EXPLICIT = str(ROOT / "configs/state_tracking/mamba2-explicit.yaml")
 SMALL = ["data.seq_len=16", "train.global_batch_size=8", "train.micro_batch_size=2", "task.word_problem.eval_words=6",
          "task.word_problem.eval_lengths=[24]"]
