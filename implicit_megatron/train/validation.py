@@ -31,7 +31,6 @@ def accuracy(logits: torch.Tensor, labels: torch.Tensor, vocab_size: int) -> tor
     return hits.sum() / valid.sum().clamp_min(1)
 
 
-@torch.no_grad()
 def group_hits(logits: torch.Tensor, labels: torch.Tensor, groups: torch.Tensor, vocab_size: int,
                count: int) -> torch.Tensor:
     """(2, count): correct predictions and scored positions per group (positions in group -1 are not scored)."""
@@ -42,6 +41,7 @@ def group_hits(logits: torch.Tensor, labels: torch.Tensor, groups: torch.Tensor,
                         torch.bincount(ids, scored.flatten().float(), minlength=count)[:count]])
 
 
+@torch.no_grad()
 def evaluate(engine, task: Task, forward: Callable, vocab_size: int, rank: int, world: int) -> dict[str, float]:
     """Loss (and perplexity or accuracy) and solver statistics of every evaluation set of `task`.
     `forward(inputs, labels=None)` is the trainer's: logits, or with labels the mean loss."""
