@@ -128,11 +128,12 @@ class EagerPasses:
             return phantom_steps(self.function(inj), z_star, steps, damping)
 
 
-def unrolled(f: Function, z: torch.Tensor, settings: SolverSettings,
-             damping: float) -> tuple[torch.Tensor, SolverStats]:
+def unrolled(f: Function, z: torch.Tensor, settings: SolverSettings) -> tuple[torch.Tensor, SolverStats]:
     """Backpropagation through every one of max_iter passes: z = F(0), then z <- (1 - damping) z
-    + damping F(z). Undamped, the weight-tied ablation; damped, the released warm-up."""
+    + damping F(z). Undamped ("unrolled"), the weight-tied ablation; damped ("unrolled_damped"), the
+    released warm-up."""
     s = settings
+    damping = s.damping if s.gradient == "unrolled_damped" else 1.0
     for i in range(s.max_iter):
         f_z = f(z)
         residual = relative_residual(f_z.detach(), z.detach())
@@ -215,8 +216,7 @@ class ImplicitCore(nn.Module):
         z0 = torch.zeros_like(x)
         if s.gradient != "phantom" and torch.is_grad_enabled():  # the ablations
             assert isinstance(passes, EagerPasses)  # never graphed (`_graphable`)
-            damping = s.damping if s.gradient == "unrolled_damped" else 1.0
-            z, self.last_stats = unrolled(passes.function(inj), z0, s, damping)
+            z, self.last_stats = unrolled(passes.function(inj), z0, s)
             return z
         with self._timed("solve"):
             z_star, stats = passes.solve(z0, inj, s, self.training, self.group)
