@@ -22,6 +22,9 @@ from implicit_megatron.config import Config
 REPOSITORY = Path(__file__).resolve().parents[2]
 SOURCE_NAME = "implicit_megatron.train"
 EXPERIMENT_KIND = {"mlflow.experimentKind": "custom_model_development"}  # the UI's training view, not GenAI's
+# MLflow 3.17's UI ignores that tag: it opens every experiment in its GenAI view unless the browser
+# chose "Model training" before, or the page's address asks for the training view.
+TRAINING_VIEW = "?workflowType=machine_learning"
 
 
 def apply_environment(cfg: Config) -> None:
@@ -53,6 +56,17 @@ def git_state(root: Path = REPOSITORY) -> dict[str, str]:
     status = git("status", "--porcelain", "--untracked-files=no")
     return {"commit": commit, "branch": git("rev-parse", "--abbrev-ref", "HEAD") or "",
             "dirty": "unknown" if status is None else str(bool(status)).lower()}
+
+
+def run_page(tracking_uri: str, experiment_id: str, run_id: str) -> str | None:
+    """Where the MLflow UI shows this run, in its model-training view: a server's page, or for a
+    store on disk the `mlflow ui` command that serves it and the page it then shows."""
+    page = f"#/experiments/{experiment_id}/runs/{run_id}{TRAINING_VIEW}"
+    if tracking_uri.startswith(("http://", "https://")):
+        return f"{tracking_uri.rstrip('/')}/{page}"
+    if tracking_uri.startswith(("sqlite:", "file:", "/")):
+        return f"mlflow ui --backend-store-uri {tracking_uri}, then http://127.0.0.1:5000/{page}"
+    return None  # a hosted service (databricks, ...) has addresses of its own
 
 
 def curriculum_text(cfg: Config) -> str:

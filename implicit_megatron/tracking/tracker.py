@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 
 from implicit_megatron.config import Config
 from implicit_megatron.tracking.dashboards import Dashboards
-from implicit_megatron.tracking.run_record import EXPERIMENT_KIND, config_params, dataset_inputs, run_tags
+from implicit_megatron.tracking.run_record import EXPERIMENT_KIND, config_params, dataset_inputs, run_page, run_tags
 from implicit_megatron.utils.safe_write import replace_text
 
 if TYPE_CHECKING:
@@ -140,6 +140,7 @@ class Tracker:
             return
         try:
             self._start(cfg, parameters)
+            self._say_where()
             if step and self.run_id is not None:  # a resume: steps MLflow holds already are not sent again
                 history = self.client.get_metric_history(self.run_id, "train/loss")
                 self.logged_up_to = max((m.step for m in history), default=0)
@@ -147,6 +148,14 @@ class Tracker:
         except Exception as err:  # noqa: BLE001 - tracking must never stop a run or its resume
             _warn(f"MLflow tracking is off for this launch ({_first_line(err)}); metrics.jsonl keeps every metric")
             self.run_id = None
+
+    def _say_where(self) -> None:
+        """One line naming the run and its page, as MLflow's own `end_run` does for a server."""
+        if self.run_id is None:
+            return
+        run = self.client.get_run(self.run_id)
+        page = run_page(self.client.tracking_uri, run.info.experiment_id, self.run_id)
+        print(f"[train] MLflow run {run.info.run_name}" + (f": {page}" if page else f" ({self.run_id})"), flush=True)
 
     def _start_system_metrics(self, cfg: Config) -> None:
         """CPU, memory, disk, network and GPU use every 10 s (MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL),

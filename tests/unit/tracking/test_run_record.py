@@ -12,7 +12,7 @@ from mlflow import MlflowClient
 from support.processes import ROOT
 
 from implicit_megatron import load_config
-from implicit_megatron.tracking.run_record import apply_environment, git_state
+from implicit_megatron.tracking.run_record import apply_environment, git_state, run_page
 from implicit_megatron.tracking.tracker import RUN_ID_FILE, STORE, Tracker
 
 
@@ -39,10 +39,14 @@ def train(cfg, start: int, steps, value: float, status: str, phase: str = "bound
     tracker.finish(status)
 
 
-def test_a_run_records_who_what_and_which_data(tmp_path, shakespeare_shards):
+def test_a_run_records_who_what_and_which_data(tmp_path, shakespeare_shards, capsys):
     cfg = config(tmp_path, shakespeare_shards)
     train(cfg, 0, range(1, 5), 10.0, "KILLED")
     client, run = the_run(tmp_path)
+    # the launch names the run's page in the UI's training view (MLflow 3.17 opens GenAI's otherwise)
+    assert (f"[train] MLflow run {run.info.run_name}: mlflow ui --backend-store-uri sqlite:///{tmp_path / STORE}, "
+            f"then http://127.0.0.1:5000/#/experiments/{run.info.experiment_id}/runs/{run.info.run_id}"
+            "?workflowType=machine_learning") in capsys.readouterr().out
     tags = run.data.tags
     assert tags["mlflow.user"] and tags["mlflow.source.type"] == "LOCAL"
     assert tags["mlflow.source.name"] == "implicit_megatron.train"
@@ -63,6 +67,12 @@ def test_a_run_records_who_what_and_which_data(tmp_path, shakespeare_shards):
     assert {t.key: t.value for t in data.tags}["mlflow.data.context"] == "training"
     experiment = client.get_experiment(run.info.experiment_id)
     assert experiment.tags["mlflow.experimentKind"] == "custom_model_development"  # not the GenAI view
+
+
+def test_a_servers_run_page_opens_the_training_view():
+    assert (run_page("http://127.0.0.1:5000/", "3", "abc")
+            == "http://127.0.0.1:5000/#/experiments/3/runs/abc?workflowType=machine_learning")
+    assert run_page("databricks", "3", "abc") is None
 
 
 def test_a_resume_keeps_the_name_and_sends_no_step_twice(tmp_path, shakespeare_shards):
