@@ -54,9 +54,13 @@ def artifacts_outside(out: Path, location: str | None, whose: str) -> str | None
             "tracking.uri to a server)")
 
 
+class ArtifactsOutside(ValueError):
+    """A local store that would write outside its run folder (our own message, shown whole)."""
+
+
 def refuse_outside(problem: str | None | bool) -> None:
     if problem:
-        raise ValueError(problem)
+        raise ArtifactsOutside(problem)
 
 
 def _warn(message: str) -> None:
@@ -64,7 +68,10 @@ def _warn(message: str) -> None:
 
 
 def _first_line(err: BaseException) -> str:
-    return f"{type(err).__name__}: {(str(err).splitlines() or [''])[0][:300]}"
+    """A foreign error's first line, cut at 300 characters (a server may answer with a whole page);
+    our own refusals whole, as their reasons come after the paths they name."""
+    line = (str(err).splitlines() or [""])[0]
+    return f"{type(err).__name__}: {line if isinstance(err, ArtifactsOutside) else line[:300]}"
 
 
 def _unopenable(db: Path) -> str | None:

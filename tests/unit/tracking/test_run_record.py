@@ -100,6 +100,7 @@ def test_two_runs_of_one_config_get_two_names(tmp_path, shakespeare_shards):
 def test_mlflows_environment_names_the_store_and_experiment_unless_the_config_does(tmp_path, shakespeare_shards,
                                                                                   monkeypatch):
     store = tmp_path / "elsewhere.db"
+    monkeypatch.chdir(tmp_path)  # MLflow puts a sqlite store's artifacts in ./mlruns, as for any client of it
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{store}")
     monkeypatch.setenv("MLFLOW_EXPERIMENT_NAME", "from-the-environment")
     cfg = config(tmp_path / "run", shakespeare_shards)

@@ -195,8 +195,9 @@ def test_a_received_store_that_keeps_artifacts_elsewhere_is_not_written_to(tmp_p
     artifacts outside the folder: MLflow stays off for the launch, with a warning naming both."""
     from mlflow import MlflowClient
 
-    out, outside = tmp_path / "run", tmp_path / "outside"
-    out.mkdir()
+    deep = tmp_path.joinpath(*["a-cluster-scratch-folder"] * 6)  # the warning is whole, however long the paths
+    out, outside = deep / "run", deep / "outside"
+    out.mkdir(parents=True)
     outside.mkdir()
     (out / "config.yaml").write_text("name: x\n")
     client = MlflowClient(tracking_uri=f"sqlite:///{out / STORE}")
@@ -211,4 +212,5 @@ def test_a_received_store_that_keeps_artifacts_elsewhere_is_not_written_to(tmp_p
     tracker.log({"train/loss": 3.0}, 1)
     tracker.finish()
     assert tracker.run_id is None and not any(outside.iterdir())
-    assert "outside the run folder" in capsys.readouterr().out
+    said = capsys.readouterr().out
+    assert f"outside the run folder {out}; " in said and f"(remove {out / STORE} to start a new one" in said
