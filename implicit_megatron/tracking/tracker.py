@@ -28,6 +28,7 @@ from implicit_megatron.tracking.run_record import EXPERIMENT_KIND, config_params
 from implicit_megatron.utils.safe_write import replace_text
 
 if TYPE_CHECKING:
+    from mlflow.entities import Run
     from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
 
 RUN_ID_FILE = "mlflow_run_id"
@@ -147,7 +148,6 @@ class Tracker:
             return
         try:
             self._start(cfg, parameters)
-            self._say_where()
             if step and self.run_id is not None:  # a resume: steps MLflow holds already are not sent again
                 history = self.client.get_metric_history(self.run_id, "train/loss")
                 self.logged_up_to = max((m.step for m in history), default=0)
@@ -156,13 +156,11 @@ class Tracker:
             _warn(f"MLflow tracking is off for this launch ({_first_line(err)}); metrics.jsonl keeps every metric")
             self.run_id = None
 
-    def _say_where(self) -> None:
+    def _say_where(self, run: Run) -> None:
         """One line naming the run and its page, as MLflow's own `end_run` does for a server."""
-        if self.run_id is None:
-            return
-        run = self.client.get_run(self.run_id)
-        page = run_page(self.client.tracking_uri, run.info.experiment_id, self.run_id)
-        print(f"[train] MLflow run {run.info.run_name}" + (f": {page}" if page else f" ({self.run_id})"), flush=True)
+        page = run_page(self.client.tracking_uri, run.info.experiment_id, run.info.run_id)
+        print(f"[train] MLflow run {run.info.run_name}" + (f": {page}" if page else f" ({run.info.run_id})"),
+              flush=True)
 
     def _start_system_metrics(self, cfg: Config) -> None:
         """CPU, memory, disk, network and GPU use every 10 s (MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL),
@@ -212,11 +210,13 @@ class Tracker:
                 refuse_outside(local and artifacts_outside(out, run.info.artifact_uri, f"run {run_id}"))
                 self.client.update_run(run_id, status="RUNNING")
                 self.run_id = run_id
+                self._say_where(run)
                 return
         # one name per run, kept by its resumes (they continue this MLflow run)
         run = self.client.create_run(experiment_id, run_name=f"{cfg.name}-{time.strftime('%Y%m%d-%H%M%S')}",
                                      tags=run_tags(cfg, parameters))
         self.run_id = run.info.run_id
+        self._say_where(run)
         self._log_config(cfg, out)
         replace_text(id_file, self.run_id + "\n")
 

@@ -11,13 +11,13 @@ import argparse
 import base64
 import json
 import os
-import socket
 import sys
 from pathlib import Path
 
 from implicit_megatron.prelaunch import load_config
 from implicit_megatron.train import stopping
 from implicit_megatron.train.process import quiet
+from implicit_megatron.utils.ports import free_port
 from implicit_megatron.utils.typed_yaml import ConfigError, dashed_override
 
 ENCODED = "--args-base64"  # launch/pretrain.sh's form on several nodes: CONFIG and overrides, NUL-ended, in base64
@@ -85,7 +85,7 @@ def _run(args, seen_output) -> int:
         _exit_with_launcher(os.getppid())
     if "RANK" not in os.environ:  # a plain `python -m` run: a world of one process, on a free port
         os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
-                          MASTER_PORT=os.environ.get("MASTER_PORT") or str(_free_port()))
+                          MASTER_PORT=os.environ.get("MASTER_PORT") or str(free_port()))
     rank = int(os.environ["RANK"])
     from implicit_megatron.train.process.run_lock import RunLock, RunLocked
 
@@ -138,12 +138,6 @@ def _exit_with_launcher(launcher: int) -> None:
     script = os.environ.get("IMPLICIT_MEGATRON_LAUNCH_PID")
     if script and os.environ.get("IMPLICIT_MEGATRON_LAUNCH_HOST") == socket.gethostname():
         exit_when_gone(int(script), message=f"[train] launch/pretrain.sh (process {script}) is gone; exiting")
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def _leave_process_group() -> None:

@@ -15,7 +15,6 @@ Needs the full MLflow (`bash scripts/setup.sh mlflow`), Playwright for Python
 from __future__ import annotations
 
 import argparse
-import socket
 import subprocess
 import sys
 import time
@@ -26,6 +25,7 @@ from mlflow import MlflowClient
 
 from implicit_megatron.tracking.run_record import TRAINING_VIEW
 from implicit_megatron.tracking.tracker import RUN_ID_FILE, STORE
+from implicit_megatron.utils.ports import free_port
 
 CHROMIUM_FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                   "--disable-background-networking", "--disable-component-update", "--disable-sync"]
@@ -37,12 +37,6 @@ EXPECTED = {
     "artifacts": ["config.yaml"],
 }
 GENAI_VIEW = ["Evaluation runs", "Judges", "Prompts & versions"]  # the side bar of the view a run must not open in
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def wait_for(url: str, seconds: float = 60) -> None:

@@ -75,12 +75,14 @@ def test_a_servers_run_page_opens_the_training_view():
     assert run_page("databricks", "3", "abc") is None
 
 
-def test_a_resume_keeps_the_name_and_sends_no_step_twice(tmp_path, shakespeare_shards):
+def test_a_resume_keeps_the_name_and_sends_no_step_twice(tmp_path, shakespeare_shards, capsys):
     """Steps 1-4, killed; the resume from step 2 trains 3-5 again: MLflow holds each step once."""
     cfg = config(tmp_path, shakespeare_shards)
     train(cfg, 0, range(1, 5), 10.0, "KILLED")
     _, first = the_run(tmp_path)
+    capsys.readouterr()
     train(cfg, 2, range(3, 6), 100.0, "FINISHED", phase="free")
+    assert f"[train] MLflow run {first.info.run_name}: mlflow ui" in capsys.readouterr().out  # the resume says so too
     client, run = the_run(tmp_path)
     history = client.get_metric_history(run.info.run_id, "train/loss")
     assert sorted(m.step for m in history) == [1, 2, 3, 4, 5]

@@ -1,0 +1,11 @@
+"""A free TCP port on this machine's loopback, for a one-machine process group or a local server."""
+
+from __future__ import annotations
+
+import socket
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
