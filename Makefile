@@ -1,11 +1,14 @@
 # Convenience targets; each one does its own set-up.
-.PHONY: setup test lint quickstart clean
+.PHONY: setup test test-quick lint quickstart clean
 
 setup:
 	bash scripts/setup.sh dev,eval
 
 test:
 	bash scripts/test.sh
+
+test-quick:
+	bash scripts/test.sh --quick
 
 lint:
 	bash scripts/lint.sh

@@ -1,7 +1,15 @@
-"""Fixtures shared by the whole suite."""
+"""Fixtures shared by the whole suite, and its two tiers.
+
+Tiers: a test that starts another process (a training launch, a tool, a daemon, a worker pool) is
+marked `processes`, one that trains in-process for more than about ten seconds `slow`; `pytest
+--quick` (scripts/test.sh --quick) runs the others, the edit loop's tier. The mark is not left to
+memory: everywhere, a test that starts a process without it fails, naming the command (tests/
+distributed, tests/e2e and tests/integration are marked as a whole).
+"""
 
 from __future__ import annotations
 
+import multiprocessing.process
 import os
 import subprocess
 import sys
@@ -11,6 +19,73 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+pytest_plugins = ["pytester"]  # tests/unit/test_tiers.py runs the tiers on a suite of its own
+STARTS_PROCESSES = ("distributed", "e2e", "integration")  # folders of tests/ whose every test starts processes
+PROCESS_FIXTURES = {"shakespeare_shards"}  # start processes: a test using one (even through another) is marked
+
+
+def pytest_addoption(parser):
+    parser.addoption("--quick", action="store_true",
+                     help="only the tests that start no other process and are not slow (the edit loop's tier)")
+
+
+def pytest_collection_modifyitems(config, items):
+    quick, kept, dropped = config.getoption("--quick"), [], []
+    for item in items:
+        folder = Path(item.path).relative_to(Path(__file__).parent).parts[0]
+        if folder in STARTS_PROCESSES or item.get_closest_marker("distributed") or \
+                PROCESS_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.processes)
+        left_out = item.get_closest_marker("processes") or item.get_closest_marker("slow")
+        (dropped if quick and left_out else kept).append(item)
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = kept
+
+
+class UnmarkedProcess(RuntimeError):
+    pass
+
+
+def _refuse_process(what: str):
+    def refuse(self, *args, **kwargs):
+        command = getattr(self, "args", None) or getattr(self, "_target", None) or "?"
+        raise UnmarkedProcess(f"this test starts a process ({what}: {command!r}) but is not marked "
+                              "@pytest.mark.processes, so `--quick` would run it")
+    return refuse
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_setup(item):
+    with _processes_allowed(item):
+        return (yield)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item):
+    with _processes_allowed(item):
+        return (yield)
+
+
+class _processes_allowed:  # noqa: N801 - used as a context manager
+    """Within an unmarked test's setup and call, starting a subprocess or a multiprocessing worker
+    raises UnmarkedProcess (session fixtures that start processes are set up by the first test that
+    asks for them, so a test that only reads their output is caught too)."""
+
+    def __init__(self, item) -> None:
+        self.guard = item.get_closest_marker("processes") is None
+
+    def __enter__(self):
+        if self.guard:
+            self.saved = subprocess.Popen._execute_child, multiprocessing.process.BaseProcess.start
+            subprocess.Popen._execute_child = _refuse_process("subprocess")
+            multiprocessing.process.BaseProcess.start = _refuse_process("multiprocessing")
+        return self
+
+    def __exit__(self, *exc):
+        if self.guard:
+            subprocess.Popen._execute_child, multiprocessing.process.BaseProcess.start = self.saved
+        return False
 
 
 @pytest.fixture(autouse=True)

@@ -10,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from support.processes import ROOT
 
 PACKAGES = ("implicit_megatron", "data_pipeline")
@@ -32,6 +33,7 @@ def loaded(*modules: str, walk: bool = False) -> list[str]:
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.processes
 def test_the_config_is_plain_data():
     names = loaded("implicit_megatron.config", "implicit_megatron.config.rules")
     outside = [n for n in names if n.startswith(("implicit_megatron.train", "implicit_megatron.evaluation",
@@ -39,6 +41,7 @@ def test_the_config_is_plain_data():
     assert not outside, outside
 
 
+@pytest.mark.processes
 def test_checkpoints_evaluation_and_hf_do_not_reach_into_the_trainer():
     names = loaded("implicit_megatron.checkpoints", "implicit_megatron.evaluation", "implicit_megatron.hf", walk=True)
     assert not [n for n in names if n.startswith("implicit_megatron.train")]

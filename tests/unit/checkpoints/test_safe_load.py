@@ -55,6 +55,7 @@ def test_a_pickle_that_runs_code_is_refused_and_never_runs(tmp_path):
     assert not marker.exists()
 
 
+@pytest.mark.processes
 def test_export_refuses_it_by_name(tmp_path):
     marker = tmp_path / "marker"
     tag = malicious_tag(tmp_path, marker)

@@ -141,6 +141,7 @@ def two_rank_tag(folder: Path, planted_marker: Path) -> Path:
     return tag
 
 
+@pytest.mark.processes
 def test_the_converter_reads_only_the_tags_own_files_and_those_weights_only(tmp_path):
     marker = tmp_path / "marker"
     tag = two_rank_tag(tmp_path / "checkpoints", marker)

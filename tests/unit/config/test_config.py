@@ -228,6 +228,7 @@ def test_phase_bounds_cover_all_steps():
     assert (free.max_iter, free.phantom_steps, free.tol) == (24, 4, 0.05)
 
 
+@pytest.mark.processes
 def test_cli_prints_config_or_exits_2():
     cmd = [sys.executable, "-m", "implicit_megatron.config"]
     ok = subprocess.run([*cmd, "configs/quickstart.yaml", "train.steps=70"], cwd=ROOT, capture_output=True, text=True)
@@ -242,6 +243,7 @@ def test_cli_prints_config_or_exits_2():
     assert "overrides are optional" in bare.stderr and "config, overrides" not in bare.stderr
 
 
+@pytest.mark.processes
 @pytest.mark.parametrize("command", [["implicit_megatron.config"], ["implicit_megatron.train"]])
 def test_an_override_written_with_dashes_is_named_not_answered_with_the_usage(command):
     result = subprocess.run([sys.executable, "-m", *command, "configs/tiny/mamba2-implicit.yaml", "--train.steps=20"],
@@ -251,6 +253,7 @@ def test_an_override_written_with_dashes_is_named_not_answered_with_the_usage(co
                                           "train.steps=20")
 
 
+@pytest.mark.processes
 def test_train_help_names_config_overrides_and_the_reference():
     cmd = [sys.executable, "-m", "implicit_megatron.train"]
     shown = subprocess.run([*cmd, "--help"], cwd=ROOT, capture_output=True, text=True)
@@ -262,6 +265,7 @@ def test_train_help_names_config_overrides_and_the_reference():
     assert bare.returncode == 2 and "a config file is required" in bare.stderr
 
 
+@pytest.mark.processes
 def test_cli_checks_a_curriculum_of_launches_phase_by_phase():
     """The checker accepts what launch/curriculum.sh runs and shows each phase's launch settings."""
     cmd = [sys.executable, "-m", "implicit_megatron.config", "configs/tiny/mamba2-curriculum.yaml"]
@@ -350,6 +354,7 @@ def test_a_run_folder_that_cannot_be_made_is_refused_naming_the_key(tmp_path):
         load_config(ROOT / "configs/tiny/mamba2-implicit.yaml", [f"train.output_dir={tmp_path / 'a-file' / 'run'}"])
 
 
+@pytest.mark.processes
 def test_a_relative_path_that_is_not_found_says_where_it_was_looked_for(tmp_path):
     """Paths in a config are taken from the working directory (launch/pretrain.sh runs from the
     repository root); run from elsewhere, the error says which directory that was."""

@@ -92,6 +92,7 @@ def test_standalone_4p1_is_the_curricula_first_80_percent_and_then_stays_bounded
     assert standalone.output_dir != curriculum.output_dir
 
 
+@pytest.mark.slow  # builds the 130M model
 @pytest.mark.parametrize("arch", ["mamba2", "llama"])
 def test_standalone_4p1_runs_a_step(arch):
     import torch

@@ -11,6 +11,7 @@ from data_pipeline.build import ensure_shards
 from data_pipeline.packed import DistributedBatchIterator, build_eval_datasets, build_packed_dataset
 
 
+@pytest.mark.processes
 def test_ensure_shards_builds_once_then_serves_training_and_eval(tmp_path, neox, neox_path, corpus_path, corpus,
                                                                  read_split):
     prefix = str(tmp_path / "shakespeare" / "neox")

@@ -7,12 +7,14 @@ import json
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+import pytest
 import zstandard
 
 from data_pipeline.pipeline import PreprocessConfig, run_preprocess
 from data_pipeline.splits import SPLITS
 
 
+@pytest.mark.processes
 def test_all_formats_read(tmp_path, neox, neox_path, small_texts, read_split, expected_split_docs):
     import datasets
 

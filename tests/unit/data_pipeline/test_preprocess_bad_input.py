@@ -71,6 +71,7 @@ def test_each_bad_record_class_is_counted_and_skipped(tmp_path, neox, neox_path,
         assert read_split(str(prefix), split) == expected[split]
 
 
+@pytest.mark.processes
 @pytest.mark.parametrize("damage", ["missing", "cut short"])
 def test_a_missing_or_cut_tokenizer_exits_2_naming_it(tmp_path, run_cli, write_jsonl, neox_path, damage):
     source = write_jsonl(tmp_path / "docs.jsonl", [{"text": "hello"}])
@@ -87,6 +88,7 @@ def test_a_missing_or_cut_tokenizer_exits_2_naming_it(tmp_path, run_cli, write_j
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.processes
 def test_unknown_format_and_no_match_exit_2_naming_the_input(tmp_path, run_cli, neox_path):
     odd = tmp_path / "docs.csv"
     odd.write_text("text\nhello\n")
@@ -100,6 +102,7 @@ def test_unknown_format_and_no_match_exit_2_naming_the_input(tmp_path, run_cli, 
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.processes
 def test_unwritable_output_exits_2_naming_it(tmp_path, run_cli, neox_path, write_jsonl):
     source = write_jsonl(tmp_path / "docs.jsonl", [{"text": "hello"}])
     blocker = tmp_path / "a-file"
@@ -113,6 +116,7 @@ def test_unwritable_output_exits_2_naming_it(tmp_path, run_cli, neox_path, write
     assert sorted(os.listdir(tmp_path)) == ["a-file", "docs.jsonl"]
 
 
+@pytest.mark.processes
 def test_unknown_eod_token_exits_2_naming_it(tmp_path, run_cli, neox_path, write_jsonl):
     source = write_jsonl(tmp_path / "docs.jsonl", [{"text": "hello"}])
     result = run_cli("data_pipeline.preprocess", "--input", str(source), "--tokenizer", neox_path,
@@ -121,6 +125,7 @@ def test_unknown_eod_token_exits_2_naming_it(tmp_path, run_cli, neox_path, write
     assert "--eod-token" in result.stderr and "<|no-such-token|>" in result.stderr
 
 
+@pytest.mark.processes
 @pytest.mark.parametrize("suffix", [".zst", ".gz"])
 def test_a_cut_compressed_input_exits_1_and_a_rerun_after_repair_equals_a_clean_run(
         suffix, tmp_path, run_cli, neox_path, corpus):
@@ -151,6 +156,7 @@ def test_a_cut_compressed_input_exits_1_and_a_rerun_after_repair_equals_a_clean_
         assert (tmp_path / "out" / name).read_bytes() == (tmp_path / "clean" / name).read_bytes(), name
 
 
+@pytest.mark.processes
 def test_no_document_is_an_error_naming_the_likely_cause(tmp_path, run_cli, neox_path, write_jsonl):
     """A wrong --text-key or an empty corpus used to print `0 documents` and exit 0 without shards."""
     wrong = write_jsonl(tmp_path / "wrong.jsonl", [{"content": "to be", "id": 1}, {"content": "or not", "id": 2}])

@@ -19,6 +19,7 @@ def _config(inputs, prefix, tokenizer, **overrides) -> PreprocessConfig:
                             **settings)
 
 
+@pytest.mark.processes
 def test_shards_equal_direct_tokenization(tmp_path, neox, neox_path, small_texts, write_jsonl, read_split,
                                           expected_split_docs):
     first = write_jsonl(tmp_path / "a.jsonl", [{"text": t} for t in small_texts[:35]])
@@ -39,6 +40,7 @@ def test_shards_equal_direct_tokenization(tmp_path, neox, neox_path, small_texts
     assert not (tmp_path / "out" / "neox.work").exists()
 
 
+@pytest.mark.processes
 def test_split_assignment_is_independent_of_worker_count(tmp_path, neox_path, small_texts, write_jsonl,
                                                          output_bytes):
     source = write_jsonl(tmp_path / "docs.jsonl", [{"text": t} for t in small_texts])
@@ -123,6 +125,7 @@ def test_eod_token_option_overrides_the_end_of_text_token(tmp_path, neox, neox_p
     assert read_split(str(prefix), "train") == [neox.encode(t) + [padding] for t in small_texts[:5]]
 
 
+@pytest.mark.processes
 def test_throughput_is_wall_clock(tmp_path, neox_path, small_texts, write_jsonl, monkeypatch):
     """The rates are over the run's wall time, read from the clock at its start and end (a clock of
     the test's here: the run takes exactly 100 s of it), not over the workers' CPU time."""

@@ -24,6 +24,7 @@ def finished_parts(work) -> list:
     return [p for p in work.iterdir() if not p.name.startswith("tmp-") and (p / "done.json").is_file()]
 
 
+@pytest.mark.processes
 def test_killed_run_resumes_to_identical_shards(tmp_path, corpus, neox_path, write_jsonl, run_cli, output_bytes):
     documents = corpus[:400]
     per_input = len(documents) // INPUTS

@@ -11,6 +11,7 @@ from data_pipeline.train_tokenizer import iter_texts, train_sentencepiece
 SAMPLE = "To be, or not to be: that is the question. Ünïcödé, 日本, and émojis 🎭 too."
 
 
+@pytest.mark.processes
 def test_byte_bpe_from_the_command_line(tmp_path, run_cli, write_jsonl, corpus):
     source = write_jsonl(tmp_path / "docs.jsonl", [{"text": d["text"]} for d in corpus[:80]] + [{"text": 7}])
     plain = tmp_path / "extra.txt"
@@ -49,6 +50,7 @@ def test_sentencepiece_trains_and_preprocesses(tmp_path, write_jsonl, corpus, re
     assert read_split(str(prefix), "train") == [tokenizer.encode(d["text"]) + [1] for d in corpus[:5]]
 
 
+@pytest.mark.processes
 @pytest.mark.parametrize("model", ["byte-bpe", "sp-unigram"])
 def test_inputs_that_give_no_text_are_refused_naming_the_fields(model, tmp_path, run_cli, write_jsonl):
     """A corpus whose text is under another key, or an empty one: exit 2 naming --text-key and the

@@ -14,6 +14,8 @@ from implicit_megatron.evaluation.lm_eval_options import LmEvalOptions
 from implicit_megatron.evaluation.lm_eval_run import run_lm_eval
 from implicit_megatron.evaluation.loading import load_model
 
+pytestmark = pytest.mark.processes  # every test here starts a process
+
 ROOT = Path(__file__).resolve().parents[3]
 TASKS = Path(__file__).parent / "fixtures" / "lm_eval"
 

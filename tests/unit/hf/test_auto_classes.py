@@ -39,6 +39,7 @@ print("loaded")
 """
 
 
+@pytest.mark.processes
 @pytest.mark.parametrize("transformers_first", [False, True])
 def test_a_tampered_export_loads_the_installed_model_and_runs_nothing(transformers_first, exports, tmp_path):
     folder = shutil.copytree(exports["mamba2-implicit"], tmp_path / "received")

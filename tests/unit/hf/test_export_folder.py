@@ -54,6 +54,7 @@ def tiny():
     return build_model(cfg).eval(), cfg
 
 
+@pytest.mark.processes
 def test_a_killed_export_leaves_no_folder_under_its_name(tmp_path):
     out = tmp_path / "export"
     killed = subprocess.run([sys.executable, "-c", KILLED_WHILE_WRITING, str(out)], cwd=ROOT, capture_output=True,
@@ -89,6 +90,7 @@ def test_exporting_again_replaces_the_export_and_keeps_the_rest(tmp_path):
         write_folder(Path(tmp_path / "a-file"), model, cfg, torch.float32)
 
 
+@pytest.mark.processes
 @pytest.mark.parametrize("renames_done", [0, 1])
 def test_a_re_export_killed_while_replacing_keeps_a_whole_export_and_its_evaluation(renames_done, tmp_path):
     """Killed before the swap's first rename (the old export in place) or between its two (the old one

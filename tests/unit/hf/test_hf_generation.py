@@ -190,6 +190,7 @@ print("the old copy ran")
 """
 
 
+@pytest.mark.processes
 @pytest.mark.parametrize("name", ["mamba2-implicit", "llama-explicit"])
 def test_a_folder_exported_by_an_earlier_version_loads_and_generates_the_same(name, exports, tmp_path):
     """Until the package had rooms, exports carried a whole copy of the wrapper, which imports modules

@@ -96,6 +96,7 @@ def convert(*args) -> subprocess.CompletedProcess:
                           capture_output=True, text=True)
 
 
+@pytest.mark.processes
 @pytest.mark.parametrize("arch", ARCHS)
 def test_export_released_then_import_is_bit_exact(arch, tmp_path):
     ours, released, again = tmp_path / "ours", tmp_path / "released", tmp_path / "again"

@@ -7,6 +7,8 @@ import io
 import sys
 import time
 
+import pytest
+
 from implicit_megatron.research.train_progress import StepProgress, run_with_progress
 
 CHILD = """
@@ -39,6 +41,7 @@ class Terminal(io.StringIO):
         return True
 
 
+@pytest.mark.processes
 def test_a_log_gets_the_first_and_last_step_and_warnings_and_the_tail_comes_back():
     shown = io.StringIO()
     result = run_with_progress([sys.executable, "-c", CHILD], "[state_tracking] implicit seed 0", stream=shown)
@@ -51,6 +54,7 @@ def test_a_log_gets_the_first_and_last_step_and_warnings_and_the_tail_comes_back
         "[state_tracking] implicit seed 0: step 4/4  loss 0.25"]
 
 
+@pytest.mark.processes
 def test_lines_are_shown_as_they_arrive_not_when_the_child_ends(tmp_path):
     """The child prints step 1, then waits for the test to have seen it (a file the stream makes on
     that line) before it prints step 2 and ends; a progress that showed lines only at the end would

@@ -14,6 +14,8 @@ from pathlib import Path
 import pytest
 from support.tools import load_tool
 
+pytestmark = pytest.mark.processes  # every test here starts a process
+
 ROOT = Path(__file__).resolve().parents[3]
 SCRIPT = ROOT / "tools" / "dev" / "container_smoke.sh"
 BASH = shutil.which("bash") or "/bin/bash"

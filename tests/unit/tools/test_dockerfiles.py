@@ -50,6 +50,7 @@ def pyproject(tmp_path) -> Path:
     return path
 
 
+@pytest.mark.processes
 def test_repository_images_pass():
     result = subprocess.run([sys.executable, "tools/dev/check_dockerfiles.py"], cwd=ROOT, capture_output=True,
                             text=True, timeout=60)
@@ -90,6 +91,7 @@ BROKEN = {
 }
 
 
+@pytest.mark.processes
 @pytest.mark.parametrize("case", list(BROKEN))
 def test_broken_image_fails_at_its_line(case, tmp_path, pyproject, capsys):
     source, old, new, at, words = BROKEN[case]
@@ -112,6 +114,7 @@ def test_pyproject_gpu_extra_must_be_installed(tmp_path, capsys):
     assert f"Dockerfile:{line_of(ROCM.read_text(), 'FROM ')}: the image does not install new-kernel" in out
 
 
+@pytest.mark.processes
 def test_launch_examples_are_well_formed():
     """The hostfile is in DeepSpeed's format and the SLURM script parses."""
     hosts = [line.split() for line in (ROOT / "launch/examples/hostfile").read_text().splitlines()
@@ -131,6 +134,7 @@ def test_kernels_built_by_default(source):
     assert text.count("or '${GPU_KERNELS}' == '0'") == 2  # the torch assertions
 
 
+@pytest.mark.processes
 def test_help_works_without_the_dev_extra():
     """--help needs no dockerfile_parse (the dev extra): its import is blocked here."""
     script = ("import sys, runpy; sys.modules['dockerfile_parse'] = None; "

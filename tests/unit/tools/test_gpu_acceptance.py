@@ -8,6 +8,7 @@ import subprocess
 import sys
 import time
 
+import pytest
 from support.processes import ROOT
 from support.tools import load_tool
 
@@ -32,6 +33,7 @@ def test_the_steps_fit_the_budget_and_the_budget_fits_one_device_call():
         assert "--device" not in step.argv or step.argv[step.argv.index("--device") + 1] == "cuda", step.name
 
 
+@pytest.mark.processes
 def test_a_dry_run_reports_every_step(tmp_path):
     result = run("--out", str(tmp_path), "--dry")
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
@@ -44,6 +46,7 @@ def test_a_dry_run_reports_every_step(tmp_path):
     assert "[speed-llama] " in result.stdout  # printed as it goes
 
 
+@pytest.mark.processes
 def test_a_step_the_budget_cannot_cover_is_skipped_and_fails_the_run(tmp_path):
     result = run("--out", str(tmp_path), "--dry", "--budget", "100", "--only", "checks,generate")
     assert result.returncode == 1
@@ -51,6 +54,7 @@ def test_a_step_the_budget_cannot_cover_is_skipped_and_fails_the_run(tmp_path):
     assert "| checks | skipped: 100 s left of the budget |" in report and "| generate | ok |" in report, report
 
 
+@pytest.mark.processes
 def test_a_step_past_its_timeout_is_killed_and_named(tmp_path):
     tool = acceptance_tool()
     step = tool.Step("sleeper", 2, ("-c", "x"), ("-c", "import time; print('started', flush=True); time.sleep(60)"))
@@ -61,6 +65,7 @@ def test_a_step_past_its_timeout_is_killed_and_named(tmp_path):
     assert (tmp_path / "sleeper.log").read_text().endswith("killed after 2 s\n")
 
 
+@pytest.mark.processes
 def test_on_a_gpu_node_a_missing_gpu_fails_the_run(tmp_path):
     result = run("--out", str(tmp_path), "--only", "checks")
     assert result.returncode == 1

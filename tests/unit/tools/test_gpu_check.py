@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 
+import pytest
 import torch
 import torch.distributed as dist
 from support.cuda_graph_emulation import emulated
@@ -18,6 +19,7 @@ def gpu_check_tool():
     return load_tool("gpu_check")
 
 
+@pytest.mark.processes
 def test_help_and_a_machine_without_a_gpu():
     run = [sys.executable, "tools/node/gpu_check.py"]
     shown = subprocess.run([*run, "--help"], cwd=ROOT, capture_output=True, text=True, timeout=120)

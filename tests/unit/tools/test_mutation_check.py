@@ -7,6 +7,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
 from support.processes import ROOT
 from support.tools import load_tool
 
@@ -28,6 +29,7 @@ def test_every_break_applies_to_the_source_and_names_tests_that_exist():
                 assert f"def {function}(" in (ROOT / test.split("::")[0]).read_text(), test
 
 
+@pytest.mark.processes
 def test_a_break_that_no_longer_applies_is_an_error_in_the_table(tmp_path):
     listed = subprocess.run([sys.executable, "tools/dev/mutation_check.py", "--list"], cwd=ROOT, capture_output=True,
                             text=True, timeout=60)

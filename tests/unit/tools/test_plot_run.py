@@ -118,6 +118,7 @@ def test_two_runs_are_drawn_into_one_png(tmp_path):
     assert pixels_of("C0") > 500 and pixels_of("C1") > 500, (pixels_of("C0"), pixels_of("C1"))
 
 
+@pytest.mark.processes
 def test_a_folder_without_metrics_is_refused_by_name(tmp_path):
     good = make_run(tmp_path / "run", "tiny", implicit=False)
     (tmp_path / "empty").mkdir()
@@ -130,6 +131,7 @@ def test_a_folder_without_metrics_is_refused_by_name(tmp_path):
     assert not (tmp_path / "x.png").exists()
 
 
+@pytest.mark.processes
 def test_files_that_are_not_utf8_are_named_or_skipped(tmp_path):
     """A damaged metrics.jsonl line is skipped (the other records plot); a config.yaml that is not
     text is named in one line, as a run's config error is."""
@@ -147,6 +149,7 @@ def test_files_that_are_not_utf8_are_named_or_skipped(tmp_path):
                                     "a YAML config, or damaged"
 
 
+@pytest.mark.processes
 def test_without_matplotlib_one_line_says_how_to_install_it(tmp_path):
     hide = ("import runpy, sys; sys.modules['matplotlib'] = None; "
             f"sys.argv = ['plot_run', {str(tmp_path)!r}, '--output', 'x.png']; "

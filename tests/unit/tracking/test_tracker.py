@@ -33,6 +33,7 @@ def half_migrated(db) -> None:
         con.execute("CREATE TABLE _alembic_tmp_experiments (experiment_id INTEGER)")
 
 
+@pytest.mark.processes
 @pytest.mark.parametrize("damage", ["half-migrated", "not a database"])
 def test_an_unopenable_store_is_moved_aside_and_the_run_goes_on(tmp_path, capsys, damage):
     (tmp_path / "config.yaml").write_text("name: x\n")
@@ -52,6 +53,7 @@ def test_an_unopenable_store_is_moved_aside_and_the_run_goes_on(tmp_path, capsys
     assert logged(tmp_path) == [3.0]
 
 
+@pytest.mark.processes
 def test_a_store_is_complete_or_not_there(tmp_path, monkeypatch, capsys):
     (tmp_path / "config.yaml").write_text("name: x\n")
     from mlflow import MlflowClient
@@ -115,6 +117,7 @@ def test_tensorboard_continues_a_resumed_run_at_the_right_steps(tmp_path):
     assert not Tracker(cfg, active=False).dashboards.writers  # other ranks write nothing
 
 
+@pytest.mark.processes
 def test_weights_and_biases_offline_writes_a_run_that_a_resume_continues(tmp_path):
     pytest.importorskip("wandb")
     cfg = load_config(ROOT / "configs/tiny/mamba2-implicit.yaml",
@@ -131,6 +134,7 @@ def test_weights_and_biases_offline_writes_a_run_that_a_resume_continues(tmp_pat
     assert len(runs) == 2 and all((r / f"run-{run_id}.wandb").is_file() for r in runs)  # one run, resumed
 
 
+@pytest.mark.processes
 def test_a_tensorboard_folder_that_takes_no_files_is_one_warning(tmp_path):
     """On a read-only file system the writer's own thread would fail with a traceback on stderr; the
     launch says it once and goes on."""

@@ -193,6 +193,7 @@ def test_weights_that_do_not_fit_are_named():
         load_weights(model, missing, Path("folder"))
 
 
+@pytest.mark.processes
 def test_universal_command_errors(tmp_path):
     def universal(*args):
         return subprocess.run([sys.executable, "tools/convert_checkpoint.py", "universal", *map(str, args)], cwd=ROOT,

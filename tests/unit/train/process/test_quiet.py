@@ -5,7 +5,10 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
 from support.processes import ROOT, child_env
+
+pytestmark = pytest.mark.processes  # every test here starts a process
 
 SCRIPT = r"""
 import logging, os, sys, warnings

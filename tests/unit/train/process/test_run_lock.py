@@ -25,6 +25,7 @@ def holder_process(folder: Path) -> subprocess.Popen:
     return proc
 
 
+@pytest.mark.processes
 def test_a_live_holder_is_refused_by_name(tmp_path):
     proc = holder_process(tmp_path)
     try:
@@ -39,6 +40,7 @@ def test_a_live_holder_is_refused_by_name(tmp_path):
         proc.wait()
 
 
+@pytest.mark.processes
 def test_a_killed_holder_is_taken_over_and_released(tmp_path):
     proc = holder_process(tmp_path)
     os.kill(proc.pid, signal.SIGKILL)
@@ -83,6 +85,7 @@ def test_release_leaves_another_runs_lock(tmp_path):
     assert json.loads((tmp_path / LOCK_FILE).read_text()) == theirs
 
 
+@pytest.mark.processes
 @pytest.mark.parametrize("damage", [b'{"host": "h", "pid": "x"}', b'{"host": "h", "pid": -1}', b"\xff\xfe",
                                     b'["not", "a", "lock"]'])
 def test_a_damaged_lock_is_taken_over_with_a_line_naming_it(damage, tmp_path):

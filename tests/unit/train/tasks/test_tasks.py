@@ -119,6 +119,7 @@ def test_language_model_targets_are_the_next_tokens():
     assert torch.equal(inputs, batch[:, :-1]) and torch.equal(targets, batch[:, 1:])
 
 
+@pytest.mark.processes
 def test_shards_without_a_validation_split_skip_validation_with_one_warning(tmp_path, caplog):
     """Preprocessing with --valid-fraction 0 writes no valid split: training runs, and validation is
     skipped with a warning naming the prefix (it used to crash at the first validation)."""
