@@ -10,10 +10,12 @@ Only whole global batches are served: a final partial one is dropped.
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
-import torch
+
+if TYPE_CHECKING:  # imported where a batch is made: the config check reads this package without torch
+    import torch
 
 
 class Samples(Protocol):
@@ -67,6 +69,8 @@ class DistributedBatchIterator:
         start = self.consumed_samples + self.dp_rank * self.micro_batch_size
         batch = np.stack([self.dataset[i] for i in range(start, start + self.micro_batch_size)])
         self.consumed_samples += self.step_size
+        import torch
+
         return torch.from_numpy(batch.astype(np.int64, copy=False))
 
     def state_dict(self) -> dict[str, int]:

@@ -21,11 +21,21 @@ if TYPE_CHECKING:
 SHARD_SUFFIX = re.compile(r"_\d{5}$")
 
 
-def megatron_indexed() -> tuple[Any, Any]:
-    """(IndexedDataset, IndexedDatasetBuilder), imported without megatron-core's import-time warnings."""
+def import_megatron() -> None:
+    """megatron.core.datasets, imported once without its import-time warnings and without W&B
+    (implicit_megatron/utils/lean_imports.py): call it before importing from megatron.core."""
+    from implicit_megatron.utils.lean_imports import import_megatron_datasets
+
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # optional-kernel and deprecation notices from its import
-        from megatron.core.datasets.indexed_dataset import IndexedDataset, IndexedDatasetBuilder
+        import_megatron_datasets()
+
+
+def megatron_indexed() -> tuple[Any, Any]:
+    """(IndexedDataset, IndexedDatasetBuilder), megatron-core's writer and reader of shards."""
+    import_megatron()
+    from megatron.core.datasets.indexed_dataset import IndexedDataset, IndexedDatasetBuilder
+
     return IndexedDataset, IndexedDatasetBuilder
 
 

@@ -40,14 +40,13 @@ import hashlib
 import json
 import math
 import os
-import warnings
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
 from data_pipeline.batches import DistributedBatchIterator
-from data_pipeline.indexed import find_shards
+from data_pipeline.indexed import find_shards, import_megatron
 from data_pipeline.locking import exclusive_lock
 from data_pipeline.shard_check import check_build, check_shard
 from data_pipeline.splits import SPLITS
@@ -226,9 +225,9 @@ def _content_digest(path: str, chunk: int = 1 << 24) -> str:
 
 def _config(prefixes: Sequence[str], shards: list[str], split: str, seq_len: int, seed: int,
             cache_dir: str) -> Any:
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # optional-kernel and deprecation notices from its import
-        from megatron.core.datasets.gpt_dataset import GPTDatasetConfig
+    import_megatron()
+    from megatron.core.datasets.gpt_dataset import GPTDatasetConfig
+
     blend = (shards, None)
     return GPTDatasetConfig(
         random_seed=seed, sequence_length=seq_len, path_to_cache=cache_dir,
@@ -247,6 +246,7 @@ def _eod_of(prefixes: Sequence[str]) -> int:
 
 
 def _gpt_dataset(shard: str, split: str, num_samples: int | None, config: Any) -> Any:
+    import_megatron()
     from megatron.core.datasets.gpt_dataset import GPTDataset
     from megatron.core.datasets.utils import Split
 
@@ -281,6 +281,7 @@ def _build_in_rank_order(build, cache_dir: str) -> Any:
 
 
 def _weighted_blend(parts: list[Any], weights: list[float], size: int) -> tuple[np.ndarray, np.ndarray]:
+    import_megatron()
     from megatron.core.datasets import helpers
 
     dataset_index = np.zeros(size, dtype=np.int16)
@@ -295,6 +296,7 @@ def _weighted_blend(parts: list[Any], weights: list[float], size: int) -> tuple[
 
 
 def _exhaustive_blend(parts: list[Any]) -> tuple[np.ndarray, np.ndarray]:
+    import_megatron()
     from megatron.core.datasets import helpers
 
     sizes = np.array([len(p) for p in parts], dtype=np.int64)

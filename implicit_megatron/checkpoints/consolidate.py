@@ -19,7 +19,7 @@ import torch
 from implicit_megatron.checkpoints import safe_load
 from implicit_megatron.checkpoints.integrity import expected_files, refuse_stray_files
 from implicit_megatron.checkpoints.layout import Layout
-from implicit_megatron.utils.deepspeed_env import name_accelerator
+from implicit_megatron.utils.lean_imports import import_deepspeed
 
 
 def consolidated_weights(path: Path, saved: Layout) -> dict[str, torch.Tensor]:
@@ -33,7 +33,7 @@ def consolidated_weights(path: Path, saved: Layout) -> dict[str, torch.Tensor]:
     first = safe_load.load(shards[0], map_location="cpu", mmap=True)["optimizer_state_dict"]
     if "zero_stage" not in first:  # BF16_Optimizer: DeepSpeed's ZeRO optimizers record their stage
         return flat_partition_weights(states, shards, files[0])
-    name_accelerator()
+    import_deepspeed()
     from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
 
     with safe_load.weights_only_loads():

@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from implicit_megatron.utils.deepspeed_env import name_accelerator
+from implicit_megatron.utils.lean_imports import import_deepspeed
 
 
 @functools.cache
@@ -28,8 +28,8 @@ def allowed() -> list:
     """The non-tensor types checkpoint files may hold: DeepSpeed's loss scaler, ZeRO stage and
     parameter fragment records (classes rebuilt from their fields, no code called), and numpy arrays
     (the random state of checkpoints written before it was saved as a tensor)."""
-    name_accelerator()
     with contextlib.redirect_stdout(sys.stderr):  # DeepSpeed's import logs; stdout may be a tool's answer
+        import_deepspeed()
         from deepspeed.runtime.fp16.loss_scaler import LossScaler
         from deepspeed.runtime.zero.config import ZeroStageEnum
         from deepspeed.utils.tensor_fragment import fragment_address

@@ -36,7 +36,7 @@ from implicit_megatron.checkpoints.layout import (
     saved_layout,
 )
 from implicit_megatron.errors import RunRefused
-from implicit_megatron.utils.deepspeed_env import name_accelerator
+from implicit_megatron.utils.lean_imports import import_deepspeed
 
 
 def to_universal(path: Path, workers: int = 2, log=None) -> Path:
@@ -129,7 +129,7 @@ def _readable_by_every_stage(universal: Path) -> None:
     or a bare flat tensor (ZeRO-3). Write the ZeRO-1/2 form, which both loaders read, and add the
     ZeRO-3 keys of the global state.
     """
-    name_accelerator()
+    import_deepspeed()
     import deepspeed
 
     zero = universal / "zero"

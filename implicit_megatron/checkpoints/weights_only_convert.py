@@ -18,9 +18,9 @@ import sys
 import torch
 
 from implicit_megatron.checkpoints import safe_load
-from implicit_megatron.utils.deepspeed_env import name_accelerator
+from implicit_megatron.utils.lean_imports import import_deepspeed
 
-name_accelerator()
+import_deepspeed()
 torch.load = safe_load.guarded_load
 
 if __name__ == "__main__":

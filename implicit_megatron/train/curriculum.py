@@ -15,8 +15,6 @@ from dataclasses import replace
 from pathlib import Path
 from typing import cast
 
-from implicit_megatron.checkpoints.integrity import check_tag, newest_complete
-from implicit_megatron.checkpoints.layout import DamagedCheckpoint, read_latest, step_of
 from implicit_megatron.config import Config, PhaseConfig, phase_bounds
 from implicit_megatron.errors import RunRefused
 from implicit_megatron.prelaunch import load_config
@@ -143,7 +141,12 @@ def recorded_bounds(client_state: dict) -> list | None:
 
 def finished_tag(cfg: Config) -> str | None:
     """The run's latest complete checkpoint (None when there is none). A damaged `latest` or tag
-    counts as the newest complete one before it, where the phase's launch will resume."""
+    counts as the newest complete one before it, where the phase's launch will resume. (The
+    checkpoint modules, which import torch, are imported here: the config check before every
+    launch, `python -m implicit_megatron.config`, reads this module and needs no torch.)"""
+    from implicit_megatron.checkpoints.integrity import check_tag, newest_complete
+    from implicit_megatron.checkpoints.layout import DamagedCheckpoint, read_latest
+
     folder = Path(cfg.output_dir) / "checkpoints"
     try:
         tag = read_latest(folder)
@@ -198,7 +201,7 @@ def phase_configs(config: str, overrides: list[str], world_size: int | None = No
 
 def plan(config: str, overrides: list[str]) -> list[tuple[str, ...]]:
     """Every phase, its config checked as its own launch will load it, before any of them starts."""
-    from implicit_megatron.checkpoints.layout import read_client_state
+    from implicit_megatron.checkpoints.layout import read_client_state, step_of
 
     rows = []
     for cfg in phase_configs(config, overrides):

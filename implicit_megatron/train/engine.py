@@ -14,10 +14,12 @@ from torch import nn
 
 from implicit_megatron.config import Config
 from implicit_megatron.train.optim import build_optimizer
+from implicit_megatron.utils.lean_imports import import_deepspeed
 
 
 def init_distributed(cfg: Config) -> None:
     """Start the process group (gloo on CPU, NCCL/RCCL on GPUs) once per process."""
+    import_deepspeed()
     import deepspeed
 
     if torch.distributed.is_available() and torch.distributed.is_initialized():
@@ -68,6 +70,7 @@ def deepspeed_config(cfg: Config, world_size: int, load_universal: bool = False)
 
 def build_engine(cfg: Config, model: nn.Module, load_universal: bool = False):
     """Wrap `model` in a DeepSpeed engine with torch's AdamW; returns the engine."""
+    import_deepspeed()
     import deepspeed
 
     init_distributed(cfg)

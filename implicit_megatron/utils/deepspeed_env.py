@@ -3,7 +3,7 @@
 Where none is named, DeepSpeed guesses it at import and warns that it fell back to the CPU, on every
 rank and in every tool that reads a checkpoint. Naming the CPU where torch sees no GPU
 (DS_ACCELERATOR, DeepSpeed's documented way) says the same at info level. Every place that imports
-DeepSpeed calls `name_accelerator` first.
+DeepSpeed does so through `lean_imports.import_deepspeed`, which calls `name_accelerator` first.
 """
 
 from __future__ import annotations

@@ -10,11 +10,12 @@ tracking; catbAbI per bAbI task too.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Protocol
-
-import torch
+from typing import TYPE_CHECKING, Protocol
 
 from implicit_megatron.config import Config
+
+if TYPE_CHECKING:  # the config check before each launch reads train.tasks.shards and needs no torch
+    import torch
 
 
 class Task(Protocol):
