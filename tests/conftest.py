@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import multiprocessing.process
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from support.shared import built_once
 
 ROOT = Path(__file__).resolve().parents[1]
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
@@ -114,10 +116,25 @@ def _grad_mode_left_as_found():
 
 @pytest.fixture(scope="session")
 def shakespeare_shards(tmp_path_factory) -> str:
-    """The bundled corpus tokenized with the GPT-NeoX-20B tokenizer: a shard prefix (train/valid/test)."""
-    prefix = tmp_path_factory.mktemp("shards") / "neox"
-    subprocess.run([sys.executable, "-m", "data_pipeline.preprocess", "--input", "data/corpus/shakespeare.jsonl.zst",
-                    "--tokenizer", "data/tokenizers/gpt-neox-20b.json.xz", "--output-prefix", str(prefix),
-                    "--workers", "1", "--append-eod", "--valid-fraction", "0.05", "--test-fraction", "0.05"],
-                   cwd=ROOT, check=True, capture_output=True)
-    return str(prefix)
+    """The bundled corpus tokenized with the GPT-NeoX-20B tokenizer: a shard prefix (train/valid/test),
+    built once per test run; read-only (the sample-index caches beside it are built under a lock)."""
+
+    def preprocess(folder: Path) -> None:
+        subprocess.run([sys.executable, "-m", "data_pipeline.preprocess", "--input",
+                        "data/corpus/shakespeare.jsonl.zst", "--tokenizer", "data/tokenizers/gpt-neox-20b.json.xz",
+                        "--output-prefix", str(folder / "neox"), "--workers", "1", "--append-eod",
+                        "--valid-fraction", "0.05", "--test-fraction", "0.05"], cwd=ROOT, check=True,
+                       capture_output=True)
+
+    return str(built_once(tmp_path_factory, "shards", preprocess) / "neox")
+
+
+@pytest.fixture(scope="session")
+def tiny_run(shakespeare_shards, tmp_path_factory):
+    """A tiny trained implicit Mamba2 as an export and as a run folder (support.tiny_model), trained
+    once per test run; each worker gets its own copy, since the tools write into both folders."""
+    from support.tiny_model import TinyRun, train_tiny
+
+    trained = built_once(tmp_path_factory, "tiny-eval-model", lambda folder: train_tiny(folder, shakespeare_shards))
+    own = Path(shutil.copytree(trained, tmp_path_factory.getbasetemp() / "tiny-eval-model"))
+    return TinyRun(own / "export", own / "run")

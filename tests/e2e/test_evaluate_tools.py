@@ -9,14 +9,8 @@ from pathlib import Path
 
 import pytest
 from support.processes import ROOT, child_env
-from support.tiny_model import train_tiny
 
 TASKS = "tests/unit/evaluation/fixtures/lm_eval"
-
-
-@pytest.fixture(scope="module")
-def tiny_run(shakespeare_shards, tmp_path_factory):
-    return train_tiny(tmp_path_factory.getbasetemp() / "tiny-eval-model", shakespeare_shards)
 
 
 @pytest.fixture(scope="module")

@@ -175,7 +175,8 @@ def test_ctrl_c_stops_with_a_checkpoint_and_a_second_one_at_once(shakespeare_sha
     os.killpg(first.pid, signal.SIGINT)
     out, _ = first.communicate(timeout=180)
     assert first.returncode == 0, out[-3000:]
-    assert "stopped by SIGINT (Ctrl-C) after step" in out and "pretrain.sh: Ctrl-C: the ranks finish their step" in out
+    assert "pretrain.sh: Ctrl-C: the ranks finish their step" in out, out[-3000:]
+    assert "stopped by SIGINT (Ctrl-C) after step" in out, out[-3000:]
     assert "Traceback" not in out and "KeyboardInterrupt" not in out, out[-3000:]
     stopped = json.loads((tmp_path / "once" / "preempted.json").read_text())
     assert stopped["reason"] == "SIGINT (Ctrl-C)" and stopped["checkpoint"] == f"bounded-step{stopped['step']}"

@@ -4,7 +4,7 @@ Trained for a few dozen AdamW steps on the bundled corpus in its (4+1) phase, fr
 contractive (small weights reading z, a large injection), so that the solver converges well and
 both modes agree. Written twice: as an export (model.safetensors + config.json + tokenizer) and
 as a run's checkpoints/ folder in the layout DeepSpeed writes under ZeRO-0 in fp32 (what the
-tiny configs train with). Built once per test session: a second request reuses the folder.
+tiny configs train with). Built once per test run (the `tiny_run` fixture of tests/conftest.py).
 """
 
 from __future__ import annotations
@@ -18,7 +18,6 @@ import torch.nn.functional as F
 from support.processes import ROOT
 
 STEPS, BATCH, SEQ_LEN = 30, 4, 64
-DONE = "TRAINED"
 TAG = f"free-step{STEPS}"
 
 
@@ -42,10 +41,8 @@ def tiny_config(shards: str):
 
 
 def train_tiny(out: Path, shards: str) -> TinyRun:
-    """Train, then write the export and the checkpoint under `out`; reuse a finished one."""
+    """Train, then write the export and the checkpoint under `out`."""
     run = TinyRun(out / "export", out / "run")
-    if (out / DONE).is_file():
-        return run
     from data_pipeline.packed import build_packed_dataset
     from implicit_megatron import build_model
     from implicit_megatron.hf.export import write_folder
@@ -69,7 +66,6 @@ def train_tiny(out: Path, shards: str) -> TinyRun:
         optimizer.step()
     write_folder(run.export, model.eval(), cfg, torch.float32)
     write_checkpoint(run.checkpoints, model, cfg)
-    (out / DONE).write_text(f"{STEPS} steps, final loss {loss.item():.4f}\n")
     return run
 
 

@@ -1,14 +1,8 @@
-"""The tiny trained model every evaluation test uses (trained once per session)."""
+"""The tiny trained model every evaluation test uses (`tiny_run`, tests/conftest.py), loaded."""
 
 from __future__ import annotations
 
 import pytest
-from support.tiny_model import TinyRun, train_tiny
-
-
-@pytest.fixture(scope="session")
-def tiny_run(shakespeare_shards, tmp_path_factory) -> TinyRun:
-    return train_tiny(tmp_path_factory.getbasetemp() / "tiny-eval-model", shakespeare_shards)
 
 
 @pytest.fixture(scope="module")
