@@ -8,6 +8,7 @@ kernel validation tool compares the two paths on the same module this way).
 from __future__ import annotations
 
 import functools
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -40,6 +41,11 @@ class MambaKernels:
 
 @functools.cache
 def _load_mamba_kernels() -> MambaKernels | None:
+    # mamba_ssm's Triton kernels autotune at first use, in every process (each rank, each tool) anew:
+    # minutes on a fresh node. Triton keeps the choices on disk beside its compiled kernels when asked
+    # to at import time; a choice only picks among correct configurations, so a stale one costs speed,
+    # never results. A user's own setting wins.
+    os.environ.setdefault("TRITON_CACHE_AUTOTUNING", "1")
     try:  # importing mamba_ssm can fail in many ways without a GPU (triton, CUDA libraries)
         from causal_conv1d import causal_conv1d_fn, causal_conv1d_update
         from mamba_ssm.ops.triton.selective_state_update import selective_state_update

@@ -3,17 +3,18 @@
     python tools/node/gpu_check.py [--config mamba2/130m-implicit] [--batch 8] [--seq-len 2048] [--dtype bf16]
     torchrun --nproc_per_node=8 tools/node/gpu_check.py      # the all-reduce over every GPU of the node
 
-One line per check, `ok` or `FAIL` with its figure:
+One line per check, `ok` or `FAIL` with its figure, in this order:
 
   kernels   which fused kernels import (mamba_ssm + causal-conv1d, flash-attn)
-  fused     each fused kernel against the PyTorch path (tools/node/validate_kernels.py's comparisons)
+  nccl      an all-reduce of 256 MiB over the ranks (bus bandwidth where there are several)
   graphs    three training steps of two accumulated micro-batches each, with an optimizer updating
             the weights in place between them, implicit.cuda_graphs=on against eager, for the
             explicit model, (4+1), (24+4) and (24+4) at eps 0.05 (the implicit ones with weight
             norm): the worst loss and gradient relative error (graphs captured and replayed)
-  nccl      an all-reduce of 256 MiB over the ranks (bus bandwidth where there are several)
   memory    peak memory of a training step of each mode, eager and with graphs (FAIL where graphs
             add more than 15 %)
+  fused     each fused kernel against the PyTorch path (tools/node/validate_kernels.py's comparisons);
+            last, since compiling and autotuning every fused variant takes minutes on a fresh node
 
 then the speed table of tools/bench/bench_implicit.py for the config (ms/step, tokens/s, MFU, ratio to
 explicit; eager and graphs). The graph check runs at --check-batch x --check-seq-len; the table at
@@ -25,11 +26,13 @@ autotuning included.
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
 import socket
 import sys
 import time
 from argparse import Namespace
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -89,12 +92,11 @@ def accumulated_step(model, batches) -> tuple[list[float], dict[str, torch.Tenso
     return losses, {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
 
 
-def graph_lines(config: str, device, dtype, batch: int, seq_len: int, *overrides: str) -> list[Line]:
+def graph_lines(config: str, device, dtype, batch: int, seq_len: int, *overrides: str) -> Iterator[Line]:
     """Graphs against eager for each mode, over three steps of an optimizer that updates the weights
     in place (the first step sees the shape, the second captures, the third replays on moved-on
     weights), the implicit modes with weight norm on (its graph feeds the solver's): the worst loss
-    and gradient error over the steps."""
-    lines = []
+    and gradient error over the steps, one line per mode as it is done."""
     for mode, settings in MODES.items():
         normed = () if settings is None else ("implicit.weight_norm=true",)
         models = {graphs: build(config, settings is None, device, dtype, *normed, *overrides)
@@ -124,14 +126,12 @@ def graph_lines(config: str, device, dtype, batch: int, seq_len: int, *overrides
                     worst, grad_err = name, err
         used = any(key[0] == "grad" for key in models["on"].core.graphs.cache)
         ok = used and complete and max(loss_err, grad_err) <= TOLERANCE[dtype]
-        lines.append(Line("graphs", ok, f"{mode}{' with weight norm' if normed else ''}: loss {loss_err:.1e}, "
-                                        f"worst gradient {grad_err:.1e} ({worst}), 3 steps with updated weights"
-                                        + ("" if used else "; the step ran eagerly")))
-    return lines
+        yield Line("graphs", ok, f"{mode}{' with weight norm' if normed else ''}: loss {loss_err:.1e}, "
+                                 f"worst gradient {grad_err:.1e} ({worst}), 3 steps with updated weights"
+                                 + ("" if used else "; the step ran eagerly"))
 
 
-def memory_lines(config: str, batch: int, seq_len: int, dtype, *overrides: str) -> list[Line]:
-    lines = []
+def memory_lines(config: str, batch: int, seq_len: int, dtype, *overrides: str) -> Iterator[Line]:
     for mode, settings in MODES.items():
         model = build(config, settings is None, "cuda", dtype, *overrides)
         if settings is not None:
@@ -147,11 +147,10 @@ def memory_lines(config: str, batch: int, seq_len: int, dtype, *overrides: str) 
                 accumulated_step(model, [ids])
             peaks[graphs] = torch.cuda.max_memory_allocated() / 2**30
         ratio = peaks["on"] / peaks["off"]
-        lines.append(Line("memory", ratio <= MEMORY_LIMIT,
-                          f"{mode}: eager {peaks['off']:.2f} GiB, graphs {peaks['on']:.2f} GiB ({ratio:.2f}x)"))
+        yield Line("memory", ratio <= MEMORY_LIMIT,
+                   f"{mode}: eager {peaks['off']:.2f} GiB, graphs {peaks['on']:.2f} GiB ({ratio:.2f}x)")
         del model
         torch.cuda.empty_cache()
-    return lines
 
 
 def collective_line(device) -> Line:
@@ -184,11 +183,10 @@ def collective_line(device) -> Line:
                 (f", bus bandwidth {busbw:.0f} GB/s" if world > 1 else ""))
 
 
-def kernel_lines(dtype) -> list[Line]:
+def fused_lines(dtype) -> list[Line]:
     installed = kernels.installed()
-    lines = [Line("kernels", True, ", ".join(f"{name} {'yes' if ok else 'no'}" for name, ok in installed.items()))]
     if not any(installed.values()):
-        return lines
+        return []
     report = validate_kernels.Report()
     args = Namespace(batch=2, seq_len=1000, d_model=768, ngroups=1, step_tokens=16, steps=5)
     device = torch.device("cuda")
@@ -196,9 +194,8 @@ def kernel_lines(dtype) -> list[Line]:
         validate_kernels.validate_mamba2(args, device, dtype, report)
     if installed["flash_attn"]:
         validate_kernels.validate_llama(args, device, report)
-    lines.append(Line("fused", not report.failed, "every fused path agrees with the PyTorch path" if not
-                      report.failed else f"differs from the PyTorch path: {', '.join(report.failed)}"))
-    return lines
+    return [Line("fused", not report.failed, "every fused path agrees with the PyTorch path" if not
+                 report.failed else f"differs from the PyTorch path: {', '.join(report.failed)}")]
 
 
 def speed_table(config: str, batch: int, seq_len: int, dtype_name: str) -> None:
@@ -218,6 +215,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--check-batch", type=int, default=2, help="micro-batch of the graph check")
     parser.add_argument("--check-seq-len", type=int, default=512)
     parser.add_argument("--skip-speed", action="store_true", help="the checks only, no speed table")
+    parser.add_argument("--skip-fused", action="store_true",
+                        help="no fused-against-PyTorch comparisons (tools/node/validate_kernels.py runs them alone)")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         print("gpu_check: no GPU on this machine (torch.cuda.is_available() is False); nothing to check")
@@ -228,13 +227,17 @@ def main(argv: list[str] | None = None) -> int:
     lines = [collective_line(torch.device("cuda"))]
     if rank0:
         print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, {args.config}, {args.dtype}", flush=True)
-        lines = kernel_lines(dtype) + lines
+        lines = [Line("kernels", True, ", ".join(f"{name} {'yes' if ok else 'no'}"
+                                                 for name, ok in kernels.installed().items())), *lines]
         for line in lines:
             print(line, flush=True)
-        for line in graph_lines(args.config, torch.device("cuda"), dtype, args.check_batch, args.check_seq_len):
-            print(line, flush=True)
-            lines.append(line)
-        for line in memory_lines(args.config, args.batch, args.seq_len, dtype):
+        # our own code first (graphs, memory), then the third-party kernels against the PyTorch path:
+        # their comparisons compile and autotune every fused variant, minutes on a fresh node
+        checks = [graph_lines(args.config, torch.device("cuda"), dtype, args.check_batch, args.check_seq_len),
+                  memory_lines(args.config, args.batch, args.seq_len, dtype)]
+        if not args.skip_fused:
+            checks.append(fused_lines(dtype))
+        for line in itertools.chain(*checks):  # each printed as it is done
             print(line, flush=True)
             lines.append(line)
         if not args.skip_speed:

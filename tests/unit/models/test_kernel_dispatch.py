@@ -149,3 +149,21 @@ def test_llama_flash_attention_path(monkeypatch, rel_err):
         monkeypatch.setattr(kernels, "flash_attn", lambda x: flash_attn_func)
         y_flash = layer(z)
     assert rel_err(y_flash, y_torch) < 1e-12
+
+
+@pytest.mark.parametrize("user_setting", [None, "0"])
+def test_the_kernels_keep_their_autotuning_on_disk_unless_the_user_says_otherwise(monkeypatch, user_setting):
+    """mamba_ssm's kernels autotune in every process anew (minutes on a fresh node) unless Triton
+    caches the choices, which it reads when the kernels are imported."""
+    import os
+
+    if user_setting is None:
+        monkeypatch.delenv("TRITON_CACHE_AUTOTUNING", raising=False)
+    else:
+        monkeypatch.setenv("TRITON_CACHE_AUTOTUNING", user_setting)
+    kernels._load_mamba_kernels.cache_clear()
+    try:
+        kernels._load_mamba_kernels()
+        assert os.environ["TRITON_CACHE_AUTOTUNING"] == (user_setting or "1")
+    finally:
+        kernels._load_mamba_kernels.cache_clear()

@@ -4,6 +4,7 @@ the CPU at tiny shapes."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 import time
@@ -62,7 +63,9 @@ def test_a_step_past_its_timeout_is_killed_and_named(tmp_path):
     outcome = tool.run_step(step, True, tmp_path / "sleeper.log")
     assert outcome.status == "timeout" and outcome.tail == ["started"]
     assert time.monotonic() - start < 20
-    assert (tmp_path / "sleeper.log").read_text().endswith("killed after 2 s\n")
+    log = (tmp_path / "sleeper.log").read_text()
+    assert log.endswith("killed after 2 s\n")
+    assert re.search(r"^ +0\.\d s  started$", log, re.MULTILINE), log  # when, within the step, it was said
 
 
 @pytest.mark.processes

@@ -36,8 +36,8 @@ def test_help_and_a_machine_without_a_gpu():
 def test_the_graph_and_collective_checks_pass_on_the_emulation():
     tool = gpu_check_tool()
     with emulated():
-        lines = tool.graph_lines("tiny/llama-implicit", torch.device("cpu"), torch.float64, 2, 16,
-                                 "model.vocab_size=101")
+        lines = list(tool.graph_lines("tiny/llama-implicit", torch.device("cpu"), torch.float64, 2, 16,
+                                      "model.vocab_size=101"))
     assert [line.figure.split(":")[0] for line in lines] == [
         mode if mode == "explicit" else f"{mode} with weight norm" for mode in tool.MODES]
     assert all(line.ok and "3 steps with updated weights" in line.figure for line in lines), "\n".join(map(str, lines))
