@@ -32,7 +32,7 @@ import socket
 import sys
 import time
 from argparse import Namespace
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -105,7 +105,7 @@ def graph_lines(config: str, device, dtype, batch: int, seq_len: int, *overrides
         g = torch.Generator().manual_seed(0)
         batches = [torch.randint(0, models["off"].config.vocab_size, (batch, seq_len), generator=g).to(device)
                    for _ in range(2)]
-        steps = {}
+        steps: dict[str, list[tuple[list[float], dict[str, torch.Tensor]]]] = {}
         for graphs, model in models.items():
             if settings is not None:
                 model.core.settings = settings
@@ -233,8 +233,9 @@ def main(argv: list[str] | None = None) -> int:
             print(line, flush=True)
         # our own code first (graphs, memory), then the third-party kernels against the PyTorch path:
         # their comparisons compile and autotune every fused variant, minutes on a fresh node
-        checks = [graph_lines(args.config, torch.device("cuda"), dtype, args.check_batch, args.check_seq_len),
-                  memory_lines(args.config, args.batch, args.seq_len, dtype)]
+        checks: list[Iterable[Line]] = [
+            graph_lines(args.config, torch.device("cuda"), dtype, args.check_batch, args.check_seq_len),
+            memory_lines(args.config, args.batch, args.seq_len, dtype)]
         if not args.skip_fused:
             checks.append(fused_lines(dtype))
         for line in itertools.chain(*checks):  # each printed as it is done
