@@ -114,6 +114,35 @@ def _grad_mode_left_as_found():
         pytest.fail("autograd was left disabled (torch.set_grad_enabled(False) outside a with-block)")
 
 
+@pytest.fixture(autouse=True)
+def _signals_left_as_found():
+    """Processes inherit blocked and ignored signals: a test (or a library it runs in-process, even
+    from C) that leaves SIGINT or SIGTERM blocked or ignored makes every later launch deaf to Ctrl-C
+    or to a stop (a shell cannot even trap a signal ignored at its start): name the culprit."""
+    before = _signal_state()
+    yield
+    after = _signal_state()
+    if after != before:
+        pytest.fail(f"the test changed the signals this process passes on to the ones it starts: {before} -> "
+                    f"{after}")
+
+
+def _signal_state() -> dict[str, list[str]]:
+    """SIGINT and SIGTERM among the blocked and ignored signals, as the kernel has them (a C library
+    can change them behind Python's signal module)."""
+    import signal
+
+    watched = {signal.SIGINT: "SIGINT", signal.SIGTERM: "SIGTERM"}
+    state = {}
+    with open("/proc/self/status") as status:
+        for line in status:
+            key, _, value = line.partition(":")
+            if key in ("SigBlk", "SigIgn"):
+                mask = int(value, 16)
+                state[key] = [name for number, name in watched.items() if mask >> (number - 1) & 1]
+    return state
+
+
 @pytest.fixture(scope="session")
 def shakespeare_shards(tmp_path_factory) -> str:
     """The bundled corpus tokenized with the GPT-NeoX-20B tokenizer: a shard prefix (train/valid/test),

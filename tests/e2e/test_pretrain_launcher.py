@@ -163,6 +163,18 @@ def test_sigterm_stops_with_a_checkpoint_and_exit_code_0(whom, shakespeare_shard
     assert stopped["checkpoint"] == f"bounded-step{stopped['step']}" and stopped["step"] < 300
 
 
+def taken(launch: subprocess.Popen, out: Path) -> None:
+    """Wait until pretrain.sh has taken a Ctrl-C (it writes the stop file); if it does not within 30 s,
+    fail with the signals its shell blocks, ignores, catches and has pending, as the kernel has them."""
+    deadline = time.time() + 30
+    while not (out / "stop-requested").exists():
+        if time.time() > deadline:
+            status = Path(f"/proc/{launch.pid}/status").read_text().splitlines()
+            pytest.fail("pretrain.sh did not take the Ctrl-C: " + "; ".join(
+                line for line in status if line.startswith(("State", "Sig", "ShdPnd"))))
+        time.sleep(0.02)
+
+
 @pytest.mark.distributed
 def test_ctrl_c_stops_with_a_checkpoint_and_a_second_one_at_once(shakespeare_shards, tmp_path):
     """A terminal's Ctrl-C reaches the foreground process group, pretrain.sh's (its launcher runs in
@@ -173,6 +185,7 @@ def test_ctrl_c_stops_with_a_checkpoint_and_a_second_one_at_once(shakespeare_sha
     first = start(tmp_path / "once", shakespeare_shards)
     wait_for_steps(first, tmp_path / "once")
     os.killpg(first.pid, signal.SIGINT)
+    taken(first, tmp_path / "once")
     out, _ = first.communicate(timeout=180)
     assert first.returncode == 0, out[-3000:]
     assert "pretrain.sh: Ctrl-C: the ranks finish their step" in out, out[-3000:]
@@ -186,10 +199,7 @@ def test_ctrl_c_stops_with_a_checkpoint_and_a_second_one_at_once(shakespeare_sha
     wait_for_steps(twice, tmp_path / "twice", steps=1)
     processes = psutil.Process(twice.pid).children(recursive=True)
     os.killpg(twice.pid, signal.SIGINT)
-    deadline = time.time() + 30
-    while not (tmp_path / "twice" / "stop-requested").exists():  # the first Ctrl-C was taken
-        assert time.time() < deadline
-        time.sleep(0.02)
+    taken(twice, tmp_path / "twice")
     os.killpg(twice.pid, signal.SIGINT)
     out, _ = twice.communicate(timeout=60)
     assert twice.returncode == 130, out[-3000:]
