@@ -14,8 +14,8 @@ from contextlib import contextmanager
 
 @contextmanager
 def exclusive_lock(path: str) -> Iterator[None]:
-    """Hold an flock on `path` (created when missing) for the duration of the block."""
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    """Hold an flock on `path` (created when missing, never through a link) for the duration of the block."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         yield

@@ -260,10 +260,36 @@ def _gpt_dataset(shard: str, split: str, num_samples: int | None, config: Any) -
                              f"(it checks every shard), or remove the index cache {config.path_to_cache}") from None
 
 
+def check_index_cache(cache_dir: str) -> None:
+    """Refuse an index cache that could run code or write elsewhere. megatron-core reads its cached
+    arrays with numpy.load(allow_pickle=True) and reuses a cache whose file names anyone can compute
+    from the shards, so a cache that came with received shards could hold a pickle: every .npy must
+    be a plain array (read here with allow_pickle=False, its header only), and neither the folder
+    nor anything in it a link (the lock would be created, the arrays read, at its target)."""
+    if os.path.islink(cache_dir):
+        raise ShardReadError(f"{cache_dir}: the index cache is a symbolic link; remove it (it is rebuilt)")
+    if not os.path.isdir(cache_dir):
+        return
+    for entry in os.scandir(cache_dir):
+        if entry.is_symlink():
+            raise ShardReadError(f"{entry.path}: a symbolic link in the index cache; remove {cache_dir} "
+                                 "(it is rebuilt)")
+        if not (entry.is_file(follow_symlinks=False) or entry.is_dir(follow_symlinks=False)):
+            raise ShardReadError(f"{entry.path}: not a regular file (a FIFO or a device); remove it")
+        if entry.name.endswith(".npy"):
+            try:
+                np.load(entry.path, mmap_mode="r", allow_pickle=False)
+            except (ValueError, OSError, EOFError) as err:
+                raise ShardReadError(f"{entry.path}: not a plain array ({err}); an index cache holds nothing "
+                                     f"else, and this one was not written here: remove {cache_dir} "
+                                     "(it is rebuilt)") from None
+
+
 def _build_in_rank_order(build, cache_dir: str) -> Any:
     """Build under a file lock; with torch.distributed up, rank 0 first (it writes the cache)."""
     import torch.distributed as dist
 
+    check_index_cache(cache_dir)
     os.makedirs(cache_dir, exist_ok=True)
     lock = os.path.join(cache_dir, ".lock")
     if not (dist.is_available() and dist.is_initialized()):
