@@ -35,6 +35,16 @@ config="${1:-configs/quickstart.yaml}"
 [ $# -gt 0 ] && shift
 export MLFLOW_DISABLE_TELEMETRY="${MLFLOW_DISABLE_TELEMETRY:-true}"
 export TOKENIZERS_PARALLELISM="${TOKENIZERS_PARALLELISM:-false}"
+# Values that reach $(( )), the launcher's command line or a remote shell are checked before use:
+# bash evaluates a name or `a[$(...)]` inside arithmetic, and a remote shell runs what an address holds.
+for var in NUM_NODES GPUS_PER_NODE NPROC MASTER_PORT; do
+  case "${!var:-}" in
+    *[!0-9]*) printf 'pretrain.sh: %s=%q is not a whole number\n' "$var" "${!var}" >&2; exit 2 ;;
+  esac
+done
+case "${MASTER_ADDR:-}" in
+  *[!A-Za-z0-9.:_-]*) printf 'pretrain.sh: MASTER_ADDR=%q is not a host name or address\n' "$MASTER_ADDR" >&2; exit 2 ;;
+esac
 
 # One task per GPU under SLURM (srun --ntasks-per-node=GPUS): each task is one rank.
 if [ -z "${RANK:-}" ] && [ -n "${SLURM_PROCID:-}" ] && [ "${SLURM_NTASKS:-1}" -gt 1 ]; then

@@ -5,12 +5,33 @@ schema: checks that need files, data or a task are implicit_megatron.prelaunch's
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
+import re
+from collections.abc import Iterator
 
 from implicit_megatron.config.schema import COMMAND_LINE_ONLY, PHASE_SOLVER_KEYS, Config, phase_bounds
 from implicit_megatron.utils.names import name_problem
 from implicit_megatron.utils.typed_yaml import COMMAND_LINE
+
+CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
+def _strings(value: object, key: str) -> Iterator[tuple[str, str]]:
+    """Every string in a config, with its key: dataclass fields (those a config sets), lists, dicts."""
+    if isinstance(value, str):
+        yield key, value
+    elif dataclasses.is_dataclass(value):
+        for f in dataclasses.fields(value):
+            if f.init:
+                yield from _strings(getattr(value, f.name), f"{key}.{f.name}" if key else f.name)
+    elif isinstance(value, (list, tuple)):
+        for i, item in enumerate(value):
+            yield from _strings(item, f"{key}[{i}]")
+    elif isinstance(value, dict):
+        for k, item in value.items():
+            yield from _strings(item, f"{key}.{k}")
 
 
 def validate_curriculum(cfg: Config, fail, sources: dict[str, str] | None = None) -> None:
@@ -80,6 +101,10 @@ def validate(cfg: Config, fail, world_size: int | None = None) -> None:
     for key, value in (("name", cfg.name), ("tracking.experiment", cfg.tracking.experiment)):
         if name_problem(value):
             fail(key, name_problem(value))
+    for key, value in _strings(cfg, ""):
+        if CONTROL.search(value):
+            fail(key, f"{value!r} holds a control character: paths and names reach the launch scripts, which "
+                      "read them row by row and pass them on command lines")
     for key in COMMAND_LINE_ONLY:
         if cfg.sources.get(key, COMMAND_LINE) != COMMAND_LINE:
             fail(key, "taken from the command line only (a config file from elsewhere could otherwise make this "

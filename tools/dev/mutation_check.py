@@ -177,6 +177,11 @@ BREAKS = [
           '                np.load(entry.path, mmap_mode="r", allow_pickle=True)',
           ("tests/unit/data_pipeline/test_received_index_cache.py",),
           "a received index cache's pickle is loaded (runs code) before megatron-core reads it"),
+    Break("control-characters", "implicit_megatron/config/rules.py",
+          'CONTROL = re.compile(r"[\\x00-\\x1f\\x7f]")', 'CONTROL = re.compile(r"[\\x00-\\x08]")',
+          ("tests/unit/config/test_config.py::test_a_control_character_in_any_value_is_refused_naming_its_key",
+           "tests/e2e/test_launch_values.py::test_a_received_config_cannot_forge_a_row_of_the_curriculum_plan"),
+          "a newline or tab in a config value reaches curriculum.sh's tab-separated plan"),
 ]
 
 

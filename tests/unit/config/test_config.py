@@ -378,3 +378,13 @@ def test_the_config_reference_is_up_to_date():
             "curriculum.phases[i].tol", "train.exit_after_minutes"} <= keys
     assert all(line.rstrip().endswith(" |") and not line.rstrip().endswith("|  |")
                for line in page.read_text().splitlines() if line.startswith("| `")), "a key without a meaning"
+
+
+@pytest.mark.parametrize("key, value", [("train.output_dir", '"runs/a\\nfree\\ttodo"'),
+                                        ("data.prefixes", '["data/a", "data/b\\rc"]'),
+                                        ("data.tokenizer", '"tok\\u001b[2J.json"'),
+                                        ("curriculum.phases.free.launch.hostfile", '"hosts\\tx"')])
+def test_a_control_character_in_any_value_is_refused_naming_its_key(key, value):
+    """Paths and names reach launch scripts that read rows and build command lines."""
+    err = error_of(CONFIGS / "tiny" / "mamba2-curriculum.yaml", [f"{key}={value}"], check_files=False)
+    assert "holds a control character" in str(err) and key.split(".")[0] in str(err), err

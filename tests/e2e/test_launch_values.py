@@ -1,0 +1,49 @@
+"""Values that the launch scripts compute with, write row by row or hand to a remote shell run
+nothing: each is checked before use and refused by name (a payload here only creates a marker file)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+from support.processes import ROOT, child_env
+
+TINY = str(ROOT / "configs" / "tiny" / "mamba2-implicit.yaml")
+
+
+def launch(script: str, *args: str, **env: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["bash", f"launch/{script}.sh", *args], cwd=ROOT, env=child_env(PYTHON=sys.executable, **env),
+                          capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.parametrize("variable", ["NUM_NODES", "NPROC", "GPUS_PER_NODE", "MASTER_PORT"])
+def test_a_count_that_is_not_a_number_is_refused_before_any_arithmetic(variable, tmp_path):
+    marker = tmp_path / "marker"
+    result = launch("pretrain", TINY, f"train.output_dir={tmp_path / 'run'}", **{variable: f"x[$(touch {marker})]"})
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.startswith(f"pretrain.sh: {variable}=") and "is not a whole number" in result.stderr
+    assert not marker.exists()
+
+
+@pytest.mark.parametrize("address", ["node1;touch {marker}", "$(touch {marker})", "node1 -o ProxyCommand=x"])
+def test_a_master_address_that_is_not_an_address_is_refused(address, tmp_path):
+    marker = tmp_path / "marker"
+    result = launch("pretrain", TINY, f"train.output_dir={tmp_path / 'run'}",
+                    MASTER_ADDR=address.format(marker=marker))
+    assert result.returncode == 2 and "is not a host name or address" in result.stderr, result.stderr
+    assert not marker.exists()
+
+
+def test_a_received_config_cannot_forge_a_row_of_the_curriculum_plan(tmp_path):
+    """curriculum.sh reads its plan as tab-separated rows: an output folder holding a newline and tabs
+    made a row of its own, whose node count reached pretrain.sh's arithmetic."""
+    marker, out = tmp_path / "marker", tmp_path / "out"
+    forged = f"{out}\\nfree\\ttodo\\tx[$(touch {marker})]\\t2\\t-\\t{out}"
+    received = tmp_path / "received.yaml"
+    received.write_text(f"base: {ROOT / 'configs' / 'tiny' / 'mamba2-curriculum.yaml'}\n"
+                        f'train:\n  output_dir: "{forged}"\n')
+    result = launch("curriculum", str(received))
+    assert result.returncode == 2, result.stdout[-2000:] + result.stderr[-2000:]
+    assert "train.output_dir: " in result.stderr and "holds a control character" in result.stderr
+    assert not marker.exists() and not out.exists()
