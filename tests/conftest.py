@@ -23,7 +23,8 @@ ROOT = Path(__file__).resolve().parents[1]
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 pytest_plugins = ["pytester"]  # tests/unit/test_tiers.py runs the tiers on a suite of its own
 STARTS_PROCESSES = ("distributed", "e2e", "integration")  # folders of tests/ whose every test starts processes
-PROCESS_FIXTURES = {"shakespeare_shards"}  # start processes: a test using one (even through another) is marked
+# fixtures that start processes: a test using one (even through another) is marked
+PROCESS_FIXTURES = {"shakespeare_shards", "zero1_run"}
 
 
 def pytest_addoption(parser):

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 from support.processes import ROOT, child_env, faults, free_port, kill_tree, run_torchrun, torchrun_command
+from support.reference_runs import zero1_overrides
 
 TINY = "configs/tiny/mamba2-implicit.yaml"
 
@@ -86,15 +87,11 @@ def kill_after_checkpoint(args: list[str], out: Path, tag: str, timeout: float =
 
 
 @pytest.mark.distributed
-def test_killed_runs_resume_exactly(shakespeare_shards, tmp_path):
-    common = ["train.steps=12", "checkpoint.interval=6", "checkpoint.keep_last=5", "train.eval_interval=100",
-              "distributed.zero_stage=1",  # partitioned optimizer shards: every rank writes into the partial tag
-              "tracking.tensorboard=true"]
-    straight, interrupted = tmp_path / "straight", tmp_path / "interrupted"
-    result = run_torchrun("-m", "implicit_megatron.train", TINY, *overrides(shakespeare_shards, straight, *common))
-    assert result.returncode == 0, result.stdout[-5000:]
-
-    args = overrides(shakespeare_shards, interrupted, *common)
+def test_killed_runs_resume_exactly(zero1_run, shakespeare_shards, tmp_path):
+    """ZERO1_RUN killed, crashed while saving and resumed, tracked (MLflow, TensorBoard): the straight
+    run's losses, one record per step."""
+    straight, interrupted = zero1_run, tmp_path / "interrupted"
+    args = zero1_overrides(shakespeare_shards, interrupted, "tracking.enabled=true", "tracking.tensorboard=true")
     kill_after_checkpoint(args, interrupted, "bounded-step6")  # kill -9 in the middle of training
     # Resume, and die again while the final checkpoint is written: `latest` must stay on the previous
     # complete checkpoint, the one that ended the bounded phase at step 10.
