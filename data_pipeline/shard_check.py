@@ -18,6 +18,8 @@ open of a shard for training (data_pipeline.packed) call it.
 from __future__ import annotations
 
 import os
+import re
+import shlex
 import struct
 from dataclasses import dataclass
 
@@ -111,15 +113,19 @@ def check_build(prefix: str) -> None:
 
 
 def preprocess_command(prefix: str, stats: dict) -> str:
-    """The data_pipeline.preprocess command that built (and resumes) the shards `stats` describes."""
-    command = ["python -m data_pipeline.preprocess --input", *stats.get("inputs", ["INPUT"]), "--tokenizer",
-               str(stats.get("tokenizer", "TOKENIZER")), "--output-prefix", prefix]
+    """The data_pipeline.preprocess command that built (and resumes) the shards `stats` describes, to
+    paste into a shell: the stats file may come from someone else, so every value is one quoted word
+    with its control characters removed (nothing in it runs, nothing rewrites the terminal)."""
+    inputs = stats.get("inputs")
+    args = ["--input", *(inputs if isinstance(inputs, list) and inputs else ["INPUT"]), "--tokenizer",
+            stats.get("tokenizer", "TOKENIZER"), "--output-prefix", prefix]
     if stats.get("append_eod"):
-        command.append("--append-eod")
+        args.append("--append-eod")
     for flag, key, default in (("--valid-fraction", "valid_fraction", 0.0),
                                ("--test-fraction", "test_fraction", 0.001),
                                ("--max-shard-tokens", "max_shard_tokens", None), ("--text-key", "text_key", "text"),
                                ("--eod-token", "eod_token", None), ("--limit-docs", "limit_docs", None)):
         if stats.get(key, default) != default:
-            command += [flag, str(stats[key])]
-    return " ".join(command)
+            args += [flag, stats[key]]
+    words = [re.sub(r"[\x00-\x1f\x7f]", "", str(arg)) for arg in args]
+    return "python -m data_pipeline.preprocess " + shlex.join(words)

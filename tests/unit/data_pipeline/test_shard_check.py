@@ -146,3 +146,18 @@ def test_shards_built_from_another_source_are_refused_before_launch(tmp_path, wr
     assert f"data.source is {other}" in info.value.message
     load_config(TINY, [f"data.prefixes=[{prefix}]", f"data.source={built}", f"data.tokenizer={tokenizer}",
                        "data.seq_len=16"], check_data=True)
+
+
+def test_the_command_that_finishes_a_build_is_quoted_and_holds_no_control_characters():
+    """A received `_stats.json` writes part of the command the error asks the user to paste: every
+    value is one quoted word, and escapes that would rewrite the terminal are dropped."""
+    import shlex
+
+    from data_pipeline.shard_check import preprocess_command
+
+    command = preprocess_command("data/x", {"inputs": ["a b.jsonl", "$(touch marker).jsonl"],
+                                            "tokenizer": "tok\x1b[2J;rm -rf ~", "text_key": "t\nx"})
+    assert "\x1b" not in command and "\n" not in command
+    assert shlex.split(command) == ["python", "-m", "data_pipeline.preprocess", "--input", "a b.jsonl",
+                                    "$(touch marker).jsonl", "--tokenizer", "tok[2J;rm -rf ~", "--output-prefix",
+                                    "data/x", "--text-key", "tx"]
