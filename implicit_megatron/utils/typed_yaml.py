@@ -33,6 +33,34 @@ class ConfigError(ValueError):
 
 # --------------------------------------------------------------------------- reading
 
+MAX_CONFIG_BYTES = 1 << 20  # a config is a few KB: a larger file is refused before it is read whole
+MAX_BASE_DEPTH = 32  # files in one `base:` chain
+
+
+class _NoAliases(yaml.SafeLoader):
+    """YAML without aliases (`*name`): a few hundred bytes of nested aliases expand to gigabytes
+    when the config is walked. No config needs them; anchors alone are harmless."""
+
+    def compose_node(self, parent, index):
+        if self.check_event(yaml.AliasEvent):
+            raise yaml.composer.ComposerError(None, None, "aliases (*name) are not accepted in a config",
+                                              self.peek_event().start_mark)
+        return super().compose_node(parent, index)
+
+
+def parse_yaml(text: str, source: str, key: str = "", what: str = "not valid YAML") -> Any:
+    """`text` as YAML, or a ConfigError naming `source` and `key` (also for an integer of more digits
+    than Python converts, or nesting deeper than the parser's recursion)."""
+    try:
+        return yaml.load(text, Loader=_NoAliases)  # noqa: S506  # a SafeLoader without aliases
+    except yaml.YAMLError as err:
+        raise ConfigError(source, key, f"{what}: {err}") from None
+    except ValueError as err:
+        raise ConfigError(source, key, f"{what}: {err}") from None
+    except RecursionError:
+        raise ConfigError(source, key, f"{what}: nested too deeply") from None
+
+
 
 def read_yaml_chain(path: str | os.PathLike, _seen: tuple[Path, ...] = ()) -> tuple[dict, dict[str, str]]:
     """Read a YAML file and the chain of files it extends through `base:`.
@@ -43,14 +71,17 @@ def read_yaml_chain(path: str | os.PathLike, _seen: tuple[Path, ...] = ()) -> tu
     if path in _seen:
         chain = " -> ".join(str(p) for p in (*_seen, path))
         raise ConfigError(str(path), BASE_KEY, f"circular base chain: {chain}")
+    if len(_seen) >= MAX_BASE_DEPTH:
+        raise ConfigError(str(_seen[-1]), BASE_KEY, f"a base chain of more than {MAX_BASE_DEPTH} files")
     if not path.is_file():
         raise ConfigError(str(path), "", "config file not found")
+    if path.stat().st_size > MAX_CONFIG_BYTES:
+        raise ConfigError(str(path), "", f"{path.stat().st_size} bytes: a config is at most {MAX_CONFIG_BYTES}")
     try:
-        data = yaml.safe_load(path.read_bytes().decode("utf-8")) or {}
+        text = path.read_bytes().decode("utf-8")
     except UnicodeDecodeError as err:
         raise ConfigError(str(path), "", f"not UTF-8 text (byte {err.start}): not a YAML config, or damaged") from None
-    except yaml.YAMLError as err:
-        raise ConfigError(str(path), "", f"not valid YAML: {err}") from None
+    data = parse_yaml(text, str(path)) or {}
     if not isinstance(data, dict):
         raise ConfigError(str(path), "", f"expected a mapping at the top level, got {type(data).__name__}")
 
@@ -123,11 +154,11 @@ def apply_overrides(data: dict, sources: dict, overrides: list[str]) -> tuple[di
             raise ConfigError(COMMAND_LINE, item, "expected an override of the form key.sub_key=value")
         dotted, raw = item.split("=", 1)
         dotted = dotted.strip().lstrip("-")
-        try:
-            value = yaml.safe_load(raw) if raw.strip() else ""
-        except yaml.YAMLError as err:
-            raise ConfigError(COMMAND_LINE, dotted, f"value is not valid YAML: {err}") from None
+        value = parse_yaml(raw, COMMAND_LINE, dotted, "value is not valid YAML") if raw.strip() else ""
         parts = [p for part in re.sub(r"\[(\d+)\]", r".\1", dotted).split(".") for p in [part] if p]
+        if not parts:
+            raise ConfigError(COMMAND_LINE, item, "expected an override of the form key.sub_key=value: "
+                                                  "the key is empty")
         if _crosses_a_list(data, parts):
             data, key = _set_in_list(data, parts, value, dotted)
             sources = {k: v for k, v in sources.items() if k != key and not k.startswith(key + ".")}
