@@ -318,6 +318,9 @@ def export_released(model, cfg: Config, out_dir: str | Path, dtype: torch.dtype 
     return Path(out_dir)
 
 
+STORED_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
 def export_released_from(path: str | Path, out_dir: str | Path, tag: str | None = None,
                          dtype: torch.dtype | None = None) -> Path:
     """`export_released` of a run's checkpoint (a checkpoints/ folder, `tag` or latest) or of one of
@@ -333,7 +336,10 @@ def export_released_from(path: str | Path, out_dir: str | Path, tag: str | None 
     path = Path(path)
     if (path / MODEL_FILE).is_file():
         stored = json.loads((path / CONFIG_FILE).read_text()).get("torch_dtype", "float32")
-        model = from_pretrained(path, dtype=getattr(torch, stored))
+        if stored not in STORED_DTYPES:
+            raise ValueError(f"{path / CONFIG_FILE}: torch_dtype {stored!r}: expected one of "
+                             f"{', '.join(STORED_DTYPES)}")
+        model = from_pretrained(path, dtype=STORED_DTYPES[stored])
         cfg = read_folder_config(path)
     else:
         state, cfg = read_checkpoint(path, tag)

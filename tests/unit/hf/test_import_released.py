@@ -139,3 +139,16 @@ def test_unmapped_settings_and_tensors_are_refused_by_name(tmp_path):
     with pytest.raises(ValueError, match=r"'backbone.layers.0.mixer.extra.weight' has no place"):
         import_released(source, tmp_path / "out")
     assert not (tmp_path / "out").exists()
+
+
+def test_a_folder_whose_dtype_is_not_a_dtype_is_refused_naming_the_file(imported, tmp_path):
+    """`torch_dtype` named any attribute of torch (getattr): a received folder's "Tensor" ended in
+    an AttributeError traceback instead of a line naming the file."""
+    from implicit_megatron.hf.released import export_released_from
+
+    folder = Path(shutil.copytree(imported["mamba2"], tmp_path / "received"))
+    described = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**described, "torch_dtype": "Tensor"}))
+    with pytest.raises(ValueError, match=f"^{folder / 'config.json'}: torch_dtype 'Tensor': expected one of"):
+        export_released_from(folder, tmp_path / "out")
+    assert not (tmp_path / "out").exists()
