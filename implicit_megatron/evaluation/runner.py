@@ -32,6 +32,8 @@ from implicit_megatron.evaluation.phases import SolverChoice
 from implicit_megatron.evaluation.sequential import SequentialResult, run_sequential
 from implicit_megatron.evaluation.windows import check_prefix, load_windows
 from implicit_megatron.utils.output_paths import output_problem
+from implicit_megatron.utils.own_files import foreign_entry, foreign_entry_inside
+from implicit_megatron.utils.safe_write import replace_text
 
 TASKS = ("ppl", "extrapolation", "dynamics", "duality", "lm_eval")
 DATA_TASKS = ("ppl", "extrapolation", "dynamics", "duality")
@@ -72,7 +74,11 @@ def check_options(options: EvalOptions) -> None:
         check_prefix(options.data, options.split)
     if options.dtype not in DTYPES:
         raise ValueError(f"unknown dtype {options.dtype!r}; choose from {', '.join(DTYPES)}")
-    problem = output_problem(output_folder(options), folder=True)
+    out = output_folder(options)
+    # a received export's or run's evaluation/ (or what it holds) as a link: results would be written
+    # into, and read from, whatever it names; a folder you name with --output may itself be a link
+    problem = output_problem(out, folder=True) or (foreign_entry_inside(out) if options.output else
+                                                   foreign_entry(out) if out.exists() or out.is_symlink() else None)
     if problem:
         raise ValueError(f"{'--output ' if options.output else 'the results folder '}{output_folder(options)}: "
                          f"{problem}")
@@ -226,7 +232,7 @@ def run_evaluation(options: EvalOptions, log: Callable[[str], None] | None = Non
     if options.run_dir:
         results["mlflow_run_id"] = log_mlflow(options.run_dir, evaluation.loaded, results, files)
         log(f"logged to MLflow run {results['mlflow_run_id']} in {options.run_dir}")
-    (out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
+    replace_text(out / "results.json", json.dumps(results, indent=2) + "\n")
     return results
 
 
@@ -235,8 +241,8 @@ def write_outputs(results: dict, out: Path) -> list[Path]:
     out.mkdir(parents=True, exist_ok=True)
     label = results["model"]["label"]
     files = [out / "results.json", out / "results.md"]
-    (out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
-    (out / "results.md").write_text(report.render(results))
+    replace_text(out / "results.json", json.dumps(results, indent=2) + "\n")
+    replace_text(out / "results.md", report.render(results))
     if "extrapolation" in results:
         files.append(plots.per_position_plot(results["extrapolation"], results["model"]["train_seq_len"], label,
                                              out / "per_position_ppl.png"))
