@@ -1,10 +1,11 @@
 """Evaluation results into the training run's MLflow store, next to its training curves.
 
 The store is the one the trainer used: the run's `mlflow.db` (or the tracking.uri of the config the
-run saved, never of the model evaluated), and the run named in its `mlflow_run_id` file; a folder
-without one gets a new "<name>-eval" run. A local store whose experiment keeps its artifacts
-outside the run folder (a store received from elsewhere) is refused by name.
-Metrics are logged under `eval/` at the checkpoint's step; the output files as artifacts.
+run saved, never of the model evaluated; a store outside the folder only where MLFLOW_TRACKING_URI
+names it too, so a folder from someone else cannot send your results elsewhere), and the run named in
+its `mlflow_run_id` file; a folder without one gets a new "<name>-eval" run. A local store whose
+experiment keeps its artifacts outside the run folder (a store received from elsewhere) is refused
+by name. Metrics are logged under `eval/` at the checkpoint's step; the output files as artifacts.
 """
 
 from __future__ import annotations
@@ -13,10 +14,9 @@ import os
 import time
 from pathlib import Path
 
-import yaml
-
 from implicit_megatron.config import TrackingConfig
 from implicit_megatron.tracking.tracker import RUN_CONFIG, RUN_ID_FILE, STORE, artifacts_outside, refuse_outside
+from implicit_megatron.utils.typed_yaml import ConfigError, parse_yaml
 
 
 def flat_metrics(results: dict) -> dict[str, float]:
@@ -50,12 +50,20 @@ def destination(run_dir: str | Path) -> tuple[str, str, bool]:
         raise FileNotFoundError(f"run folder {folder} does not exist")
     saved = folder / RUN_CONFIG
     try:
-        tracking = ((yaml.safe_load(saved.read_text()) if saved.is_file() else None) or {}).get("tracking") or {}
-    except (yaml.YAMLError, UnicodeDecodeError, AttributeError) as err:
+        tracking = ((parse_yaml(saved.read_text(), str(saved)) if saved.is_file() else None) or {}).get("tracking") \
+            or {}
+    except (ConfigError, UnicodeDecodeError, AttributeError) as err:
         raise ValueError(f"{saved}: not the config a run saved ({type(err).__name__}); --run needs a run folder") \
             from None
     uri, experiment = tracking.get("uri"), tracking.get("experiment") or TrackingConfig().experiment
-    return (uri, experiment, False) if uri else (f"sqlite:///{folder / STORE}", experiment, True)
+    if not uri or uri == f"sqlite:///{folder / STORE}":
+        return f"sqlite:///{folder / STORE}", experiment, True
+    if uri != os.environ.get("MLFLOW_TRACKING_URI"):
+        # the folder may come from someone else: a store elsewhere (another file, a server) would
+        # receive your results only where you say so yourself
+        raise ValueError(f"{saved}: tracking.uri {uri!r} is a store outside the run folder; results are logged "
+                         f"there only when you name it yourself: MLFLOW_TRACKING_URI={uri!r}")
+    return uri, experiment, False
 
 
 def check_destination(run_dir: str | Path):
