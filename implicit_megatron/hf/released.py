@@ -318,7 +318,8 @@ def export_released(model, cfg: Config, out_dir: str | Path, dtype: torch.dtype 
     return Path(out_dir)
 
 
-STORED_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+STORED_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
+                 "float64": torch.float64}
 
 
 def export_released_from(path: str | Path, out_dir: str | Path, tag: str | None = None,
