@@ -17,7 +17,7 @@ The steps, most important first, each a command of its own bounded by `timeout` 
 
 Not in it: the fused kernels against the PyTorch path (tools/node/validate_kernels.py --dtype bf16).
 Compiling and autotuning each fused variant takes minutes on a fresh node (an H200 spent over 150 s
-on two of its eight), so it is a visit of its own. Triton keeps autotuning choices on disk
+on the first two of its four), so it is a visit of its own. Triton keeps autotuning choices on disk
 (models/kernels.py), so the steps after the first reuse what the first tuned.
 
 A step starts only when the time left covers its timeout, so the whole run ends within the budget
