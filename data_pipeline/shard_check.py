@@ -18,12 +18,13 @@ open of a shard for training (data_pipeline.packed) call it.
 from __future__ import annotations
 
 import os
-import re
 import shlex
 import struct
 from dataclasses import dataclass
 
 import numpy as np
+
+from implicit_megatron.utils.names import CONTROL_CHARACTERS
 
 MAGIC = b"MMIDIDX\x00\x00"
 HEADER_BYTES = 34  # magic 9, version 8, dtype code 1, sequence count 8, document count 8
@@ -127,5 +128,5 @@ def preprocess_command(prefix: str, stats: dict) -> str:
                                ("--eod-token", "eod_token", None), ("--limit-docs", "limit_docs", None)):
         if stats.get(key, default) != default:
             args += [flag, stats[key]]
-    words = [re.sub(r"[\x00-\x1f\x7f]", "", str(arg)) for arg in args]
+    words = [CONTROL_CHARACTERS.sub("", str(arg)) for arg in args]
     return "python -m data_pipeline.preprocess " + shlex.join(words)

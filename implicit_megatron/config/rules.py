@@ -8,14 +8,11 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
-import re
 from collections.abc import Iterator
 
 from implicit_megatron.config.schema import COMMAND_LINE_ONLY, PHASE_SOLVER_KEYS, Config, phase_bounds
-from implicit_megatron.utils.names import name_problem
+from implicit_megatron.utils.names import CONTROL_CHARACTERS, name_problem
 from implicit_megatron.utils.typed_yaml import COMMAND_LINE
-
-CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 
 def _strings(value: object, key: str) -> Iterator[tuple[str, str]]:
@@ -102,7 +99,7 @@ def validate(cfg: Config, fail, world_size: int | None = None) -> None:
         if name_problem(value):
             fail(key, name_problem(value))
     for key, value in _strings(cfg, ""):
-        if CONTROL.search(value):
+        if CONTROL_CHARACTERS.search(value):
             fail(key, f"{value!r} holds a control character: paths and names reach the launch scripts, which "
                       "read them row by row and pass them on command lines")
     for key in COMMAND_LINE_ONLY:

@@ -77,11 +77,10 @@ def check_options(options: EvalOptions) -> None:
     out = output_folder(options)
     # a received export's or run's evaluation/ (or what it holds) as a link: results would be written
     # into, and read from, whatever it names; a folder you name with --output may itself be a link
-    problem = output_problem(out, folder=True) or (foreign_entry_inside(out) if options.output else
-                                                   foreign_entry(out) if out.exists() or out.is_symlink() else None)
+    inside = foreign_entry_inside if options.output else foreign_entry
+    problem = output_problem(out, folder=True) or inside(out)
     if problem:
-        raise ValueError(f"{'--output ' if options.output else 'the results folder '}{output_folder(options)}: "
-                         f"{problem}")
+        raise ValueError(f"{'--output ' if options.output else 'the results folder '}{out}: {problem}")
     if "lm_eval" in options.tasks:  # unknown tasks, or data that cannot be had offline, in one line
         check_tasks(options.lm_eval)
     if options.run_dir:  # where results will be logged: the run folder's own store, checked now

@@ -12,6 +12,8 @@ import re
 from pathlib import Path
 
 SAFE_NAME = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9_.-]*")
+# control characters: a newline or tab splits rows and words, an escape rewrites the terminal
+CONTROL_CHARACTERS = re.compile(r"[\x00-\x1f\x7f]")
 
 
 def name_problem(value: object) -> str | None:

@@ -53,13 +53,10 @@ def parse_yaml(text: str, source: str, key: str = "", what: str = "not valid YAM
     than Python converts, or nesting deeper than the parser's recursion)."""
     try:
         return yaml.load(text, Loader=_NoAliases)  # noqa: S506  # a SafeLoader without aliases
-    except yaml.YAMLError as err:
-        raise ConfigError(source, key, f"{what}: {err}") from None
-    except ValueError as err:
+    except (yaml.YAMLError, ValueError) as err:  # ValueError: an integer of over 4,300 digits
         raise ConfigError(source, key, f"{what}: {err}") from None
     except RecursionError:
         raise ConfigError(source, key, f"{what}: nested too deeply") from None
-
 
 
 def read_yaml_chain(path: str | os.PathLike, _seen: tuple[Path, ...] = ()) -> tuple[dict, dict[str, str]]:
