@@ -10,6 +10,7 @@ logits are masked. Importing this module registers the model.
 
 from __future__ import annotations
 
+import sys
 from typing import cast
 
 import torch
@@ -30,11 +31,23 @@ def _optional(value, kind):
     return None if value in (None, "", "None", "none") else kind(value)
 
 
+def available_device(device: str | None) -> str:
+    """The device asked for, or the CPU where a GPU is asked for and none exists, with one line saying
+    so: lm-eval's command line asks for cuda:0 unless told, and its `hf` model falls back the same way."""
+    if device is None or device == "":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        print(f"implicit_megatron: no GPU here, so the model runs on the CPU (device {device} was asked for; "
+              "pass --device cpu to say so)", file=sys.stderr, flush=True)
+        return "cpu"
+    return device
+
+
 @register_model("implicit_megatron")
 class ImplicitMegatronLM(TemplateLM):
     """`pretrained` is a checkpoint folder or an export; `loaded` passes a model already in memory."""
 
-    def __init__(self, pretrained: str | None = None, loaded: LoadedModel | None = None, device: str = "cpu",
+    def __init__(self, pretrained: str | None = None, loaded: LoadedModel | None = None, device: str | None = None,
                  batch_size: int | str | None = DEFAULT_BATCH_SIZE, max_length: int | None = None,
                  mode: str = "simultaneous", phase: str | None = None, max_iter: int | None = None,
                  tol: float | None = None, eval_stop: str = "token", **_ignored) -> None:
@@ -44,7 +57,7 @@ class ImplicitMegatronLM(TemplateLM):
                 raise ValueError("implicit_megatron needs pretrained=PATH (a checkpoint folder or an export)")
             choice = SolverChoice(_optional(phase, str), _optional(max_iter, int), _optional(tol, float),
                                   eval_stop=eval_stop)
-            loaded = load_model(pretrained, device=device or "cpu", choice=choice)
+            loaded = load_model(pretrained, device=available_device(device), choice=choice)
         if mode not in ("simultaneous", "sequential"):
             raise ValueError(f"mode must be simultaneous or sequential, not {mode!r}")
         self.loaded, self.model, self.tok = loaded, loaded.model, loaded.tokenizer
