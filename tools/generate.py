@@ -53,7 +53,7 @@ def parse(argv: list[str] | None):
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
     from implicit_megatron.checkpoints import safe_load
-    from implicit_megatron.evaluation.generation import SamplingConfig, generate_batch
+    from implicit_megatron.evaluation.generation import SamplingConfig, continuation_text, generate_batch
     from implicit_megatron.evaluation.loading import NotAModelError, load_model
     from implicit_megatron.evaluation.phases import SolverChoice
 
@@ -86,10 +86,11 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"[generate] {which}token {token:>6} {tok.decode([token])!r:<16} passes {passes:>3}  "
                       f"residual {residual:.4f}", file=sys.stderr, flush=True)
 
-        results = generate_batch(loaded.model, [tok.encode(p) for p in batch], sampling, eod_id=tok.eod_id,
-                                 on_token=on_token)
-        for index, (prompt, result) in enumerate(zip(batch, results, strict=True), start=first):
-            show(args, index, prompt, tok.decode([t for t in result.new_ids if t != tok.eod_id]), result)
+        encoded = [tok.encode(p) for p in batch]
+        results = generate_batch(loaded.model, encoded, sampling, eod_id=tok.eod_id, on_token=on_token)
+        for index, (prompt, ids, result) in enumerate(zip(batch, encoded, results, strict=True), start=first):
+            new = [t for t in result.new_ids if t != tok.eod_id]
+            show(args, index, prompt, continuation_text(tok, ids, new), result)
     return 0
 
 

@@ -117,3 +117,12 @@ def generate_batch(model: LanguageModel, prompts: list[list[int]], sampling: Sam
         z, state, stats = core.forward_sequential(model.embedding(tokens[:, None]), state, mask=active[:, None],
                                                   last=z[:, -1])
     return results
+
+
+def continuation_text(tokenizer, prompt_ids: list[int], new_ids: list[int]) -> str:
+    """The text the new tokens add to the prompt: the whole sequence decoded, cut after the prompt's
+    own text. Decoding the new tokens alone drops what depends on their neighbours (SentencePiece
+    writes a word's leading space as part of the token, and drops it at the start of a decode)."""
+    head = tokenizer.decode(prompt_ids)
+    whole = tokenizer.decode(prompt_ids + new_ids)
+    return whole[len(head):] if whole.startswith(head) else tokenizer.decode(new_ids)

@@ -44,3 +44,55 @@ def test_generation_and_scoring_tasks_run_in_both_backends(sp_export, backend):
     tasks = run_lm_eval(loaded, options)["tasks"]
     assert set(tasks) == {"tiny_gen", "tiny_lambada"}
     assert 0 <= tasks["tiny_gen"]["exact_match"] <= 1 and tasks["tiny_lambada"]["perplexity"] > 1
+
+
+def test_a_continuation_keeps_the_space_before_its_first_word(sp_export):
+    """SentencePiece writes a word's leading space into its token and drops it at the start of a
+    decode: the continuation is cut from the whole sequence's text, not decoded alone."""
+    from implicit_megatron.evaluation.generation import continuation_text
+
+    tok = load_model(sp_export).tokenizer
+    prompt, whole = tok.encode("ROMEO: line"), tok.encode("ROMEO: line but soft")
+    assert whole[:len(prompt)] == prompt
+    new = whole[len(prompt):]
+    assert tok.decode(new) == "but soft"  # what printing the new tokens alone gave
+    assert continuation_text(tok, prompt, new) == " but soft"
+
+
+def test_tools_generate_prints_each_prompt_as_the_tokenizer_decodes_the_whole_sequence(sp_export, tmp_path,
+                                                                                      capsys):
+    """tools/generate.py, run as a user runs it, against sentencepiece's own decode of the sequence.
+    The model's (untied) head is set to choose the word boundary "\u2581" first: the decode of the new
+    tokens alone drops it (what the tool printed before)."""
+    import importlib.util
+    import json
+
+    import sentencepiece
+
+    from implicit_megatron import build_model, load_config
+    from implicit_megatron.hf.export import write_folder
+
+    processor = sentencepiece.SentencePieceProcessor(model_file=str(sp_export / "tokenizer.model"))
+    boundary = processor.piece_to_id("\u2581")
+    prompt = "JULIET: O Romeo"
+    cfg = load_config(ROOT / "configs/tiny/mamba2-implicit.yaml", [
+        "model.d_model=32", f"data.tokenizer={sp_export.parent / 'sp.model'}", "model.vocab_size=300",
+        "model.mamba2.headdim=8", "model.tie_embeddings=false"], check_files=False)
+    torch.manual_seed(0)
+    model = build_model(cfg).eval()
+    with torch.no_grad():  # the head reads out the last hidden state, then points the boundary's row at it
+        head = model.lm_head.weight
+        head.zero_()
+        head[:32] = torch.eye(32)
+        hidden = model(torch.tensor([processor.encode(prompt)]))[0, -1, :32]
+        head.zero_()
+        head[boundary] = 50 * hidden / hidden.norm()
+    export = write_folder(tmp_path / "export", model, cfg, torch.float32)
+    spec = importlib.util.spec_from_file_location("generate_tool", ROOT / "tools/generate.py")
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    assert tool.main([str(export), "--prompt", prompt, "--temperature", "0", "--max-new-tokens", "4", "--ignore-eod",
+                      "--jsonl"]) == 0
+    (row,) = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert row["prompt"] == prompt and row["new_tokens"][0] == boundary
+    assert row["prompt"] + row["text"] == processor.decode(processor.encode(prompt) + row["new_tokens"])
