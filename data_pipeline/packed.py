@@ -85,6 +85,10 @@ class PackedDataset:
         return np.concatenate([item["tokens"].numpy(), item["labels"][-1:].numpy()]).astype(np.int64)
 
 
+class TooFewTokens(ValueError):
+    """A split that holds fewer tokens than one sample (seq_len + 1)."""
+
+
 def build_packed_dataset(prefixes: Sequence[str], weights: Sequence[float] | None, split: str, seq_len: int,
                          seed: int, num_samples: int | None = None,
                          cache_dir: str | None = None) -> PackedDataset:
@@ -100,8 +104,8 @@ def build_packed_dataset(prefixes: Sequence[str], weights: Sequence[float] | Non
     shards, shard_weights, shard_tokens = _shards_with_weights(prefixes, weights, split)
     one_epoch = [max(0, (t - 1) // seq_len) for t in shard_tokens]
     if sum(one_epoch) == 0:
-        raise ValueError(f"the {split} split of {list(prefixes)} holds {sum(shard_tokens)} tokens, fewer "
-                         f"than one sample of {seq_len + 1}")
+        raise TooFewTokens(f"the {split} split of {list(prefixes)} holds {sum(shard_tokens)} tokens, fewer "
+                           f"than one sample of {seq_len + 1}")
     blended = len(shards) > 1
     if blended and num_samples is None and weights is not None:
         num_samples = sum(one_epoch)  # an epoch-sized blend that follows the given weights

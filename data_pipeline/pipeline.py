@@ -91,7 +91,27 @@ def _run_locked(plan: Plan) -> dict:
     if not stats["incomplete"]:
         shutil.rmtree(plan.work_dir)
     _say(_summary(stats))
+    for warning in short_splits(stats):
+        _say(f"warning: {warning}")
     return stats
+
+
+SAMPLE_LENGTHS = (2048, 1024)  # the paper's training length, and a common shorter one
+
+
+def short_splits(stats: dict) -> list[str]:
+    """Splits made (a fraction above 0) that hold fewer tokens than one sample of a common length:
+    a run at that length skips validation on them, and evaluation cannot read them."""
+    warnings = []
+    for split in ("valid", "test"):
+        tokens = stats["splits"][split]["tokens"]
+        if stats.get(f"{split}_fraction", 0) > 0 and tokens < SAMPLE_LENGTHS[0] + 1:
+            fits = [length for length in SAMPLE_LENGTHS if tokens >= length + 1]
+            which = (f"enough for data.seq_len {fits[0]} but not {SAMPLE_LENGTHS[0]}" if fits
+                     else f"fewer than one sample of {SAMPLE_LENGTHS[-1] + 1}")
+            warnings.append(f"the {split} split holds {tokens} tokens, {which} (data.seq_len + 1 tokens): a "
+                            f"run skips validation on it and evaluation refuses it; raise --{split}-fraction")
+    return warnings
 
 
 def _no_documents(plan: Plan, total: Counts) -> str:

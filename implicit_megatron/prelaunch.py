@@ -53,14 +53,11 @@ def check(cfg: Config, check_files: bool = True, check_data: bool = False) -> No
 
 def notes(cfg: Config) -> list[str]:
     """What a user should know before the launch that is not an error (the pre-launch check prints
-    them): a plan that reads the training data more than once; where the packed-sample index cache
-    goes when the shards' folder takes no files."""
+    them): a plan that reads the training data more than once; a valid split too short to validate;
+    where the packed-sample index cache goes when the shards' folder takes no files."""
     if cfg.task.kind != "language_model" or not cfg.data.prefixes:
         return []
-    found = []
-    repeats = epochs_warning(cfg)
-    if repeats is not None:
-        found.append(repeats)
+    found = [note for note in (epochs_warning(cfg), validation_note(cfg)) if note is not None]
     if cfg.data.index_cache is not None:
         return found
     from data_pipeline.packed import index_cache_dir
@@ -83,6 +80,25 @@ def epochs_warning(cfg: Config) -> str | None:
         return data_summary(cfg)[1]
     except (FileNotFoundError, ShardError, ValueError):  # not built yet, or refused by the data check
         return None
+
+
+def validation_note(cfg: Config) -> str | None:
+    """Where the shards are there to count and their valid split cannot give one sample (none made,
+    or too short): validation is skipped, as the trainer says in one warning."""
+    from data_pipeline.packed import split_tokens
+    from data_pipeline.shard_check import ShardError
+
+    try:
+        if split_tokens(cfg.data.prefixes, "train") == 0:  # not built yet
+            return None
+        tokens = split_tokens(cfg.data.prefixes, "valid")
+    except ShardError:  # refused by the data check
+        return None
+    if tokens >= cfg.data.seq_len + 1:
+        return None
+    return (f"the valid split of data.prefixes holds {tokens} tokens, fewer than one sample (data.seq_len + 1 = "
+            f"{cfg.data.seq_len + 1}): validation is skipped; rebuild the shards with a larger --valid-fraction "
+            "to validate")
 
 
 def validate_output(cfg: Config, fail) -> None:

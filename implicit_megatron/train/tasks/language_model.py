@@ -57,12 +57,13 @@ class LanguageModelTask:
         samples at every micro batch size and world size. Every rank runs as many forwards as the
         others (a free phase agrees on each pass over the ranks): a rank with fewer samples pads
         with rows whose labels are ignored."""
+        from data_pipeline.packed import TooFewTokens
         from implicit_megatron.train.tasks.shards import valid_dataset
 
         if not hasattr(self, "_valid"):
             try:
                 self._valid = valid_dataset(self.cfg)
-            except FileNotFoundError as err:  # shards made without a validation split (--valid-fraction 0)
+            except (FileNotFoundError, TooFewTokens) as err:  # made without a validation split, or too short
                 self._valid = None
                 if rank == 0:
                     logging.getLogger(__name__).warning(f"no validation data; validation is skipped: {err}")

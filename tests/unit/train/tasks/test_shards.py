@@ -52,3 +52,38 @@ def test_the_config_check_notes_a_plan_of_many_epochs_before_launch(shakespeare_
     assert many.returncode == 0 and "note: train.steps=1000 reads the training data" in many.stderr
     few = subprocess.run([*check, "train.steps=10"], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert few.returncode == 0 and "reads the training data" not in few.stderr
+
+
+def test_a_valid_split_shorter_than_one_sample_skips_validation_with_one_warning(shakespeare_shards, caplog):
+    """docs/data.md's fractions on a small corpus gave a valid split shorter than one sample: every
+    rank crashed at the first validation. The check notes it before launch; the trainer skips it."""
+    from implicit_megatron.prelaunch import notes
+
+    valid = split_tokens([shakespeare_shards], "valid")
+    short = config(shakespeare_shards, steps=10, seq_len=valid + 100)  # the train split still holds samples
+    assert [note for note in notes(short) if "valid split" in note] == [
+        f"the valid split of data.prefixes holds {valid} tokens, fewer than one sample (data.seq_len + 1 = "
+        f"{valid + 101}): validation is skipped; rebuild the shards with a larger --valid-fraction to validate"]
+    assert not [note for note in notes(config(shakespeare_shards, steps=10)) if "valid split" in note]
+    task = LanguageModelTask(short)
+    with caplog.at_level(logging.WARNING, logger="implicit_megatron.train.tasks.language_model"):
+        assert task.eval_sets(0, 2) == {} and task.eval_sets(0, 2) == {}
+        assert LanguageModelTask(short).eval_sets(1, 2) == {}  # another rank: skips, says nothing
+    assert [record.getMessage() for record in caplog.records] == [
+        f"no validation data; validation is skipped: the valid split of [{shakespeare_shards!r}] holds {valid} "
+        f"tokens, fewer than one sample of {valid + 101}"]
+
+
+def test_the_preprocessing_summary_warns_of_a_split_too_short_for_a_sample():
+    from data_pipeline.pipeline import short_splits
+
+    def stats(valid: int, test: int, test_fraction: float = 0.01) -> dict:
+        return {"splits": {"train": {"tokens": 10**6}, "valid": {"tokens": valid}, "test": {"tokens": test}},
+                "valid_fraction": 0.01, "test_fraction": test_fraction}
+
+    assert short_splits(stats(2049, 5000)) == []
+    [line] = short_splits(stats(1999, 0, test_fraction=0))
+    assert line.startswith("the valid split holds 1999 tokens, enough for data.seq_len 1024 but not 2048")
+    [line] = short_splits(stats(5000, 700))
+    assert line.startswith("the test split holds 700 tokens, fewer than one sample of 1025")
+    assert line.endswith("raise --test-fraction")
