@@ -7,9 +7,11 @@ that nobody has reaped yet, a zombie, still answers to its process id.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 
@@ -41,9 +43,14 @@ def process_running(pid: int, ticks: int | None = None) -> bool:
     return fields[0] not in ("Z", "X") and (ticks is None or int(fields[19]) == ticks)
 
 
-def exit_when_gone(pid: int, every: float = 1.0, message: str | None = None) -> None:
+LAST_WORDS_SECONDS = 10.0  # the most `before_exit` may take before the process ends anyway
+
+
+def exit_when_gone(pid: int, every: float = 1.0, message: str | None = None,
+                   before_exit: Callable[[], None] | None = None) -> None:
     """In a worker: a daemon thread that ends this process once `pid` (its feeder) is gone, saying
-    `message` on standard error first."""
+    `message` on standard error first, then running `before_exit` (a record the process would have
+    made had it ended its own way; bounded by LAST_WORDS_SECONDS, its failure ignored)."""
     ticks = start_ticks(pid)
 
     def watch() -> None:
@@ -51,6 +58,10 @@ def exit_when_gone(pid: int, every: float = 1.0, message: str | None = None) -> 
             time.sleep(every)
         if message:
             os.write(2, (message + "\n").encode())
+        if before_exit is not None:
+            threading.Timer(LAST_WORDS_SECONDS, os._exit, (1,)).start()
+            with contextlib.suppress(BaseException):  # ending is what matters now
+                before_exit()
         os._exit(1)
 
     threading.Thread(target=watch, name="exit-when-parent-dies", daemon=True).start()

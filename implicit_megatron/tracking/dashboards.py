@@ -3,9 +3,11 @@
     tracking.tensorboard: true                       <output_dir>/tensorboard/ (torch's SummaryWriter)
     tracking.wandb: {project: NAME, mode: offline}   <output_dir>/wandb/ (`wandb sync` uploads it later)
 
-Both continue a resumed run: TensorBoard drops the points of the steps a resume trains again
-(purge_step), and W&B resumes the run whose id the output folder keeps and plots against the
-trainer's step (its own step counter must only grow, which a resume's repeated steps would break).
+Both continue a resumed run (a launch from a checkpoint of its own folder): TensorBoard drops the
+points of the steps a launch trains again (purge_step; for a launch from step 0, every point an
+earlier launch drew), and W&B resumes the run whose id the output folder keeps and plots against the
+trainer's step (its own step counter must only grow, which a resume's repeated steps would break);
+any other launch starts a W&B run of its own.
 A writer that fails warns once and stops; the run goes on (metrics.jsonl keeps every metric).
 """
 
@@ -36,8 +38,8 @@ class TensorBoard:
         probe = folder / f".write-probe-{os.getpid()}"
         probe.write_bytes(b"")
         probe.unlink()
-        # a resumed launch's first step replaces what an interrupted launch wrote from there on
-        self.writer = SummaryWriter(log_dir=str(folder), purge_step=first_step + 1 if first_step else None)
+        # this launch's first step replaces what an interrupted launch wrote from there on
+        self.writer = SummaryWriter(log_dir=str(folder), purge_step=first_step + 1)
 
     def log(self, metrics: dict[str, float], step: int) -> None:
         for name, value in metrics.items():
@@ -49,11 +51,12 @@ class TensorBoard:
 
 
 class WeightsAndBiases:
-    def __init__(self, out: Path, name: str, project: str, mode: str, entity: str | None, config: dict) -> None:
+    def __init__(self, out: Path, name: str, project: str, mode: str, entity: str | None, config: dict,
+                 resumed: bool) -> None:
         import wandb
 
         id_file = out / WANDB_RUN_ID_FILE
-        run_id = id_file.read_text().strip() if id_file.is_file() else secrets.token_hex(4)
+        run_id = id_file.read_text().strip() if resumed and id_file.is_file() else secrets.token_hex(4)
         self.run = wandb.init(project=project, entity=entity, mode=cast(Any, mode), dir=str(out), id=run_id, name=name,
                               resume="allow", config=config, settings=wandb.Settings(silent=True))
         self.run.define_metric(STEP)
@@ -73,13 +76,13 @@ class Dashboards:
     def __init__(self) -> None:
         self.writers: list = []
 
-    def start(self, cfg, first_step: int) -> None:
+    def start(self, cfg, first_step: int, resumed: bool) -> None:
         out = Path(cfg.output_dir)
         t = cfg.tracking
         wanted = [("TensorBoard", t.tensorboard, lambda: TensorBoard(out / "tensorboard", first_step)),
                   ("Weights & Biases", t.wandb.project is not None,
                    lambda: WeightsAndBiases(out, cfg.name, t.wandb.project, t.wandb.mode, t.wandb.entity,
-                                            cfg.to_dict()))]
+                                            cfg.to_dict(), resumed))]
         for label, on, make in wanted:
             if on:
                 try:

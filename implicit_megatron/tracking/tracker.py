@@ -143,12 +143,12 @@ class Tracker:
         self.cfg, self.active = cfg, active
         self.dashboards = Dashboards()
 
-    def _open(self, cfg: Config, step: int, parameters: int | None) -> None:
+    def _open(self, cfg: Config, step: int, parameters: int | None, resumed: bool) -> None:
         if not (self.active and cfg.tracking.enabled):
             return
         try:
-            self._start(cfg, parameters)
-            if step and self.run_id is not None:  # a resume: steps MLflow holds already are not sent again
+            self._start(cfg, parameters, resumed)
+            if resumed and self.run_id is not None:  # steps MLflow holds already are not sent again
                 history = self.client.get_metric_history(self.run_id, "train/loss")
                 self.logged_up_to = max((m.step for m in history), default=0)
             self._start_system_metrics(cfg)
@@ -179,7 +179,7 @@ class Tracker:
                                            tracking_uri=self.client.tracking_uri)
         self.system.start()
 
-    def _start(self, cfg: Config, parameters: int | None) -> None:
+    def _start(self, cfg: Config, parameters: int | None, resumed: bool) -> None:
         os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
         os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
         from mlflow import MlflowClient
@@ -199,7 +199,9 @@ class Tracker:
             refuse_outside(local and artifacts_outside(out, experiment.artifact_location,
                                                        f"experiment {experiment.name!r}"))
         id_file = out / RUN_ID_FILE
-        if id_file.is_file():
+        if id_file.is_file() and not resumed:
+            self._leave_dead_launchs_run(id_file.read_text().strip())
+        elif id_file.is_file():
             run_id = id_file.read_text().strip()
             try:
                 run = self.client.get_run(run_id)
@@ -212,13 +214,26 @@ class Tracker:
                 self.run_id = run_id
                 self._say_where(run)
                 return
-        # one name per run, kept by its resumes (they continue this MLflow run)
+        # one name per run, kept by the launches that resume its checkpoints (they continue this MLflow run)
         run = self.client.create_run(experiment_id, run_name=f"{cfg.name}-{time.strftime('%Y%m%d-%H%M%S')}",
                                      tags=run_tags(cfg, parameters))
         self.run_id = run.info.run_id
         self._say_where(run)
         self._log_config(cfg, out)
         replace_text(id_file, self.run_id + "\n")
+
+    def _leave_dead_launchs_run(self, run_id: str) -> None:
+        """The run of a launch that saved no checkpoint this launch starts from: nothing of it is
+        continued (its params, config and steps are not this launch's), so it ends as KILLED if it
+        was left RUNNING, and this launch starts a run of its own."""
+        try:
+            run = self.client.get_run(run_id)
+        except Exception:  # noqa: BLE001 - not in this store: nothing to end
+            return
+        if run.info.status == "RUNNING":
+            self.client.set_terminated(run_id, status="KILLED")
+        print(f"[train] MLflow run {run.info.run_name} was a launch that left no checkpoint to resume; this launch "
+              "starts a run of its own", flush=True)
 
     def _log_config(self, cfg: Config, out: Path) -> None:
         from mlflow.entities import Param
@@ -231,12 +246,14 @@ class Tracker:
             self.client.log_inputs(self.run_id, datasets=dataset_inputs(cfg))
         self.client.log_artifact(self.run_id, str(out / RUN_CONFIG))  # written by the trainer
 
-    def begin(self, step: int, parameters: int | None = None) -> None:
-        """Training starts (again) at `step`: the MLflow run opens (a new one, or the run this folder
-        names, continued), the dashboards open, a resumed one continuing its curves."""
-        self._open(self.cfg, step, parameters)
+    def begin(self, step: int, parameters: int | None = None, resumed: bool = False) -> None:
+        """Training starts at `step`; `resumed`: from a checkpoint of this run's own folder. The MLflow
+        run opens (the run this folder names, continued, where resumed; else a new one), and the
+        dashboards open, a resumed one continuing its curves, any other dropping what a dead launch
+        drew after `step`."""
+        self._open(self.cfg, step, parameters, resumed)
         if self.active:
-            self.dashboards.start(self.cfg, step)
+            self.dashboards.start(self.cfg, step, resumed)
 
     def set_phase(self, name: str | None) -> None:
         """The curriculum phase being trained, as the run's `phase` tag (set when it changes)."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import base64
+import functools
 import json
 import os
 import sys
@@ -82,7 +83,7 @@ def _run(args, seen_output) -> int:
         return 2
     seen_output(cfg.output_dir)
     if "LOCAL_RANK" in os.environ:  # started by a launcher: end with it (a kill -9 leaves no one to stop us)
-        _exit_with_launcher(os.getppid())
+        _exit_with_launcher(os.getppid(), cfg.output_dir if first and cfg.tracking.enabled else None)
     if "RANK" not in os.environ:  # a plain `python -m` run: a world of one process, on a free port
         os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
                           MASTER_PORT=os.environ.get("MASTER_PORT") or str(free_port()))
@@ -124,20 +125,29 @@ def _run(args, seen_output) -> int:
     return 0
 
 
-def _exit_with_launcher(launcher: int) -> None:
+def _exit_with_launcher(launcher: int, tracked_run: str | None) -> None:
     """torchrun and the DeepSpeed launcher start ranks in sessions of their own, and launch/pretrain.sh
     starts the launcher in one of its own, so a kill -9 of the launch's process group leaves them
     training. Watchers end this rank once its launcher, or the pretrain.sh that started it on this
     host, is gone, as preprocessing's workers do (the run lock of a dead rank is taken over by the
-    next launch)."""
+    next launch); rank 0 first records its MLflow run (of the folder `tracked_run`) as KILLED."""
     import socket
 
     from data_pipeline.processes import exit_when_gone
 
-    exit_when_gone(launcher, message=f"[train] the launcher of this rank (process {launcher}) is gone; exiting")
+    last = functools.partial(_record_killed, tracked_run) if tracked_run is not None else None
+    exit_when_gone(launcher, message=f"[train] the launcher of this rank (process {launcher}) is gone; exiting",
+                   before_exit=last)
     script = os.environ.get("IMPLICIT_MEGATRON_LAUNCH_PID")
     if script and os.environ.get("IMPLICIT_MEGATRON_LAUNCH_HOST") == socket.gethostname():
-        exit_when_gone(int(script), message=f"[train] launch/pretrain.sh (process {script}) is gone; exiting")
+        exit_when_gone(int(script), message=f"[train] launch/pretrain.sh (process {script}) is gone; exiting",
+                       before_exit=last)
+
+
+def _record_killed(run_dir: str) -> None:
+    from implicit_megatron.tracking.end_run import end_run
+
+    print(f"[train] {end_run(Path(run_dir), 'KILLED')}", file=sys.stderr, flush=True)
 
 
 def _leave_process_group() -> None:

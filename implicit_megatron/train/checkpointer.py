@@ -323,12 +323,20 @@ class Checkpointer:
                                  f"{', '.join(bad[:3])}{', ...' if len(bad) > 3 else ''}: nothing would train")
         return source
 
+    @property
+    def from_own_folder(self) -> bool:
+        """This launch starts from a checkpoint of its own folder (a resume, or the next phase of a
+        curriculum trained in one folder): it continues the run's records. Any other start is a run
+        of its own, whatever a launch that died before saving left in the folder."""
+        return self.source is not None and self.source.folder == checkpoint_dir(self.cfg)
+
     def resume(self, engine, task, batches, progress) -> dict | None:
         """Load the prepared start into the engine: the step, samples and (as checkpoint.load_data_state
         says) the data position go into `progress` and `batches`. Returns the client state (None for a
         fresh start). The step, and with it the LR schedule, continues across a handoff."""
         source = self.source
         if source is None:
+            self._drop_records_after(0)  # of a launch that died before its first checkpoint
             return None
         state = load(engine, self.cfg, source, fingerprint=lambda n: task.order_fingerprint(batches, n))
         p = progress
@@ -345,14 +353,18 @@ class Checkpointer:
                              "already seen come in the same order; extending the run")
                 batches.load_state_dict(data_state)
         self.log(f"loaded {state['loaded_from']} at step {p.step} ({p.consumed_samples} samples)")
-        redone, damaged = drop_metrics_after(self.cfg.output_dir, p.step) if self.rank == 0 else ([], 0)
+        self._drop_records_after(p.step)
+        return state
+
+    def _drop_records_after(self, step: int) -> None:
+        """(Rank 0) metrics.jsonl keeps no record of a step this launch trains again."""
+        redone, damaged = drop_metrics_after(self.cfg.output_dir, step) if self.rank == 0 else ([], 0)
         if redone:
             self.log(f"metrics.jsonl: removed the records of steps {redone[0]}-{redone[-1]}, which this launch "
                      "trains again")
         if damaged:
             self.log(f"warning: {Path(self.cfg.output_dir) / 'metrics.jsonl'}: dropped {damaged} line(s) that were no "
                      "whole record (cut by a kill, not UTF-8, or without an integer step)")
-        return state
 
     def save(self, engine, progress, batches, task, bounds, val_loss: float | None) -> str:
         """A checkpoint of this step, tagged `{phase}-step{N}`; returns the tag."""

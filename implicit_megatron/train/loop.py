@@ -115,7 +115,8 @@ class Trainer:
             self.reporter.tracker.finish("FINISHED")
             return
         status, t, p = "FINISHED", self.cfg.train, self.progress
-        self.reporter.begin(start, end, sum(param.numel() for param in self.model.parameters()))
+        self.reporter.begin(start, end, sum(param.numel() for param in self.model.parameters()),
+                            resumed=self.checkpointer.from_own_folder)
         try:
             self.interval.reset()
             for step in range(start, end):

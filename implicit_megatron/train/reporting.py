@@ -34,10 +34,11 @@ class Reporter:
         self.last_eval_step: int | None = None
         self.first_step, self.last_step, self.started = 0, cfg.train.steps, time.monotonic()
 
-    def begin(self, start: int, end: int, parameters: int | None = None) -> None:
-        """This launch trains steps start+1..end: elapsed time and the ETA (to `end`) count from here."""
+    def begin(self, start: int, end: int, parameters: int | None = None, resumed: bool = False) -> None:
+        """This launch trains steps start+1..end (`resumed`: from a checkpoint of its own folder):
+        elapsed time and the ETA (to `end`) count from here."""
         self.first_step, self.last_step, self.started = start, end, time.monotonic()
-        self.tracker.begin(start, parameters)
+        self.tracker.begin(start, parameters, resumed)
 
     def report(self, metrics: dict[str, float], step: int, settings=None) -> None:
         """Training metrics are averaged over the ranks (the solver's residual: the worst rank's);

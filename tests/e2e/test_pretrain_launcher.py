@@ -14,6 +14,8 @@ from pathlib import Path
 import pytest
 from support.processes import ROOT, child_env, faults, free_port, signal_job
 
+from implicit_megatron.tracking.metrics_file import read_metrics
+
 
 def pretrain(*args: str, nproc: int = 1, timeout: int = 300) -> subprocess.CompletedProcess:
     env = child_env(PYTHON=sys.executable, NPROC=str(nproc), MASTER_PORT=str(free_port()))
@@ -297,12 +299,17 @@ def test_sigterm_before_the_ranks_start_ends_the_launch_at_once(shakespeare_shar
 
 
 @pytest.mark.distributed
-def test_a_killed_launch_leaves_no_rank_training(shakespeare_shards, tmp_path):
-    """kill -9 of pretrain.sh's process group (torchrun with it): the rank, in a session of its own,
-    notices that its launcher is gone and ends."""
+def test_a_killed_launch_leaves_no_rank_training_and_the_next_a_run_of_its_own(shakespeare_shards, tmp_path):
+    """kill -9 of pretrain.sh's process group (torchrun with it) before the first checkpoint: the
+    rank, in a session of its own, notices that its launcher is gone, records its MLflow run as
+    KILLED and ends. The next launch starts from step 0 as a run of its own: in MLflow (its params,
+    its steps once), metrics.jsonl and TensorBoard nothing of the dead launch is left."""
     import psutil
+    from mlflow import MlflowClient
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    proc = start(tmp_path, shakespeare_shards)
+    tracked = ("tracking.enabled=true", "tracking.tensorboard=true")
+    proc = start(tmp_path, shakespeare_shards, *tracked)
     wait_for_steps(proc, tmp_path)
     ranks = [p for p in psutil.process_iter(["cmdline"])
              if "implicit_megatron.train" in " ".join(p.info["cmdline"] or [])
@@ -313,3 +320,21 @@ def test_a_killed_launch_leaves_no_rank_training(shakespeare_shards, tmp_path):
     proc.communicate(timeout=30)
     gone, alive = psutil.wait_procs(ranks, timeout=30)
     assert not alive, f"ranks still running after their launcher was killed: {[p.pid for p in alive]}"
+    client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
+    dead = client.get_run((tmp_path / "mlflow_run_id").read_text().strip())
+    assert dead.info.status == "KILLED" and dead.info.end_time is not None
+
+    again = start(tmp_path, shakespeare_shards, *tracked, steps=6)
+    out, _ = again.communicate(timeout=300)
+    assert again.returncode == 0, out[-3000:]
+    run = client.get_run((tmp_path / "mlflow_run_id").read_text().strip())
+    assert run.info.run_id != dead.info.run_id and run.info.status == "FINISHED"
+    assert (run.data.params["train.steps"], client.get_run(dead.info.run_id).data.params["train.steps"]) == ("6", "300")
+    losses = [(r["step"], r["train/loss"]) for r in read_metrics(tmp_path) if "train/loss" in r]
+    assert [step for step, _ in losses] == [1, 2, 3, 4, 5, 6]
+    events = EventAccumulator(str(tmp_path / "tensorboard"))
+    events.Reload()
+    for seen in (sorted((m.step, m.value) for m in client.get_metric_history(run.info.run_id, "train/loss")),
+                 [(e.step, e.value) for e in events.Scalars("train/loss")]):  # TensorBoard keeps float32
+        assert [step for step, _ in seen] == [step for step, _ in losses]
+        assert [value for _, value in seen] == pytest.approx([value for _, value in losses], rel=1e-6)

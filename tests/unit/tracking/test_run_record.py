@@ -32,7 +32,7 @@ def the_run(out):
 
 def train(cfg, start: int, steps, value: float, status: str, phase: str = "bounded") -> None:
     tracker = Tracker(cfg, active=True)
-    tracker.begin(start, parameters=1_234_567)
+    tracker.begin(start, parameters=1_234_567, resumed=start > 0)
     tracker.set_phase(phase)
     for step in steps:
         tracker.log({"train/loss": value + step}, step)
@@ -88,6 +88,29 @@ def test_a_resume_keeps_the_name_and_sends_no_step_twice(tmp_path, shakespeare_s
     assert sorted(m.step for m in history) == [1, 2, 3, 4, 5]
     assert run.info.run_name == first.info.run_name and run.info.status == "FINISHED"
     assert run.data.tags["phase"] == "free"
+
+
+def test_a_launch_from_step_0_after_a_dead_one_is_a_run_of_its_own(tmp_path, shakespeare_shards, capsys):
+    """The dead launch (120 steps at batch 16, killed before its first checkpoint: its run left
+    RUNNING) and the next (60 at 8, from step 0): two runs, each with its own params and steps."""
+    dead = Tracker(config(tmp_path, shakespeare_shards, "train.steps=120", "train.global_batch_size=16"), active=True)
+    dead.begin(0)
+    for step in range(1, 11):
+        dead.log({"train/loss": 10.0 + step}, step)
+    _, first = the_run(tmp_path)
+    time.sleep(1.1)  # run names carry the second they start in
+    train(config(tmp_path, shakespeare_shards, "train.steps=60", "train.global_batch_size=8"), 0, range(1, 6), 100.0,
+          "FINISHED")
+    assert f"[train] MLflow run {first.info.run_name} was a launch that left no checkpoint to resume" in \
+        capsys.readouterr().out
+    client, run = the_run(tmp_path)
+    assert run.info.run_id != first.info.run_id and run.info.run_name != first.info.run_name
+    assert (run.data.params["train.steps"], run.data.params["train.global_batch_size"]) == ("60", "8")
+    assert sorted((m.step, m.value) for m in client.get_metric_history(run.info.run_id, "train/loss")) == [
+        (s, 100.0 + s) for s in range(1, 6)]
+    assert client.list_artifacts(run.info.run_id)[0].path == "config.yaml"
+    old = client.get_run(first.info.run_id)
+    assert old.info.status == "KILLED" and old.data.params["train.steps"] == "120"
 
 
 def test_two_runs_of_one_config_get_two_names(tmp_path, shakespeare_shards):

@@ -106,7 +106,7 @@ def test_tensorboard_continues_a_resumed_run_at_the_right_steps(tmp_path):
         first.log({"train/loss": 10.0 - step}, step)
     first.finish("KILLED")
     again = Tracker(cfg, active=True)
-    again.begin(2)
+    again.begin(2, resumed=True)
     for step in range(3, 6):
         again.log({"train/loss": 100.0 + step}, step)
     again.finish()
@@ -117,6 +117,25 @@ def test_tensorboard_continues_a_resumed_run_at_the_right_steps(tmp_path):
     assert not Tracker(cfg, active=False).dashboards.writers  # other ranks write nothing
 
 
+def test_a_launch_from_step_0_draws_none_of_a_dead_launchs_points(tmp_path):
+    """A launch killed before its first checkpoint logged steps 1-10; the next starts at step 0 and
+    logs 1-5: TensorBoard's reader shows its points only (it drew 10 -> 5 -> 10 before)."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    cfg = load_config(ROOT / "configs/tiny/mamba2-implicit.yaml",
+                      [f"train.output_dir={tmp_path}", "tracking.enabled=false", "tracking.tensorboard=true"],
+                      check_files=False)
+    for steps, value in ((range(1, 11), 10.0), (range(1, 6), 100.0)):
+        tracker = Tracker(cfg, active=True)
+        tracker.begin(0)
+        for step in steps:
+            tracker.log({"train/loss": value + step}, step)
+        tracker.finish("KILLED")
+    events = EventAccumulator(str(tmp_path / "tensorboard"))
+    events.Reload()
+    assert [(e.step, e.value) for e in events.Scalars("train/loss")] == [(s, 100.0 + s) for s in range(1, 6)]
+
+
 @pytest.mark.processes
 def test_weights_and_biases_offline_writes_a_run_that_a_resume_continues(tmp_path):
     pytest.importorskip("wandb")
@@ -125,7 +144,7 @@ def test_weights_and_biases_offline_writes_a_run_that_a_resume_continues(tmp_pat
                        "tracking.wandb.mode=offline"], check_files=False)
     for start, steps in ((0, (1, 2)), (2, (3,))):
         tracker = Tracker(cfg, active=True)
-        tracker.begin(start)
+        tracker.begin(start, resumed=start > 0)
         for step in steps:
             tracker.log({"train/loss": float(step)}, step)
         tracker.finish()
@@ -151,7 +170,7 @@ def test_a_tensorboard_folder_that_takes_no_files_is_one_warning(tmp_path):
                "from implicit_megatron.tracking.dashboards import Dashboards\n"
                f"cfg = load_config('configs/tiny/mamba2-implicit.yaml', ['train.output_dir={out}', "
                "'tracking.tensorboard=true'], check_files=False)\n"
-               "d = Dashboards(); d.start(cfg, 0); d.log({'train/loss': 1.0}, 1); d.finish('FINISHED')\n"
+               "d = Dashboards(); d.start(cfg, 0, False); d.log({'train/loss': 1.0}, 1); d.finish('FINISHED')\n"
                "import time; time.sleep(0.5)\n")
     script = (f"mount -t tmpfs -o size=1m tmpfs {out} && mkdir {out}/tensorboard && mount -o remount,ro {out} && "
               f"{sys.executable} -c \"$SNIPPET\"")
@@ -212,7 +231,7 @@ def test_a_received_store_that_keeps_artifacts_elsewhere_is_not_written_to(tmp_p
         client.create_experiment("implicit-megatron", artifact_location=(out / "mlflow-artifacts").as_uri())
         (out / tracker_module.RUN_ID_FILE).write_text(client.create_run(theirs).info.run_id + "\n")
     tracker = Tracker(config(out), active=True)
-    tracker.begin(0)
+    tracker.begin(0, resumed=whose == "run")  # a launch from step 0 would start a run of its own
     tracker.log({"train/loss": 3.0}, 1)
     tracker.finish()
     assert tracker.run_id is None and not any(outside.iterdir())
