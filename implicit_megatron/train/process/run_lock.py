@@ -68,6 +68,9 @@ def in_use(output_dir: str | Path) -> str | None:
     return None
 
 
+MAX_PID = 2**31 - 1  # pid_t is a signed 32-bit integer; a larger id overflows os.kill
+
+
 class RunLock:
     def __init__(self, path: Path, holder: dict):
         self.path, self.holder = path, holder
@@ -115,7 +118,8 @@ class RunLock:
     @staticmethod
     def _read(path: Path) -> dict | None:
         """The holder, or None for a lock that stays unreadable: its starter died while writing it, or
-        it is not a lock this module wrote (no host, no positive process id: damaged or edited)."""
+        it is not a lock this module wrote (no host, no process id of this system's range: damaged or
+        edited)."""
         for _ in range(3):
             try:
                 holder = json.loads(path.read_bytes().decode("utf-8"))
@@ -123,7 +127,7 @@ class RunLock:
                 time.sleep(0.1)  # being written right now
                 continue
             whole = isinstance(holder, dict) and isinstance(holder.get("host"), str) and \
-                type(holder.get("pid")) is int and holder["pid"] > 0
+                type(holder.get("pid")) is int and 0 < holder["pid"] <= MAX_PID
             return holder if whole else None
         return None
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -87,10 +88,12 @@ def test_release_leaves_another_runs_lock(tmp_path):
 
 @pytest.mark.processes
 @pytest.mark.parametrize("damage", [b'{"host": "h", "pid": "x"}', b'{"host": "h", "pid": -1}', b"\xff\xfe",
-                                    b'["not", "a", "lock"]'])
+                                    b'["not", "a", "lock"]',
+                                    json.dumps({"host": socket.gethostname(), "pid": 2**32}).encode()])
 def test_a_damaged_lock_is_taken_over_with_a_line_naming_it(damage, tmp_path):
-    """A lock whose process id is not a positive integer (pid -1 would be 'every process'), or that is
-    not JSON at all, names no holder: the launch check passes and the run takes it over, saying so."""
+    """A lock whose process id is not a process id (pid -1 would be 'every process'; 2**32 overflowed
+    os.kill), or that is not JSON at all, names no holder: the launch check passes and the run takes
+    it over, saying so."""
     (tmp_path / LOCK_FILE).write_bytes(damage)
     assert in_use(tmp_path) is None
     cli = subprocess.run([sys.executable, "-m", "implicit_megatron.train.process.run_lock", str(tmp_path)], cwd=ROOT,
