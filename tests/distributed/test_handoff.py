@@ -1,7 +1,8 @@
 """Phase handoff across world sizes and ZeRO stages through DeepSpeed universal checkpoints: phase 1
 on 2 processes with ZeRO-2, phase 2 on 2 processes with ZeRO-3, and its checkpoint back on 1 process
 with ZeRO-2. What a launch loaded is compared with what the launch before it saved, both gathered
-in full by the probe worker (workers/handoff_probe.py)."""
+in full by the probe worker (workers/handoff_probe.py); the losses with those of the shared
+uninterrupted run of the same 12 steps (support.reference_runs.ZERO1_RUN)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 from support.processes import run_torchrun
+from support.reference_runs import ZERO1_RUN
 
 from implicit_megatron import load_config
 from implicit_megatron.train.schedule import learning_rate
@@ -20,8 +22,12 @@ TINY = "configs/tiny/mamba2-implicit.yaml"
 PROBE = "tests/distributed/workers/handoff_probe.py"
 
 
+STEPS = "train.steps=12"  # as ZERO1_RUN: the bounded phase ends at step 10 (80 %)
+assert STEPS in ZERO1_RUN
+
+
 def args(shards: str, out: Path, *extra: str) -> list[str]:
-    return [f"data.prefixes=[{shards}]", "data.source=null", f"train.output_dir={out}", "train.steps=10",
+    return [f"data.prefixes=[{shards}]", "data.source=null", f"train.output_dir={out}", STEPS,
             "train.eval_interval=100", "train.log_interval=1", "tracking.enabled=false", *extra]
 
 
@@ -32,21 +38,21 @@ def losses(out: Path) -> dict[int, float]:
 
 @pytest.mark.distributed
 @pytest.mark.slow
-def test_handoff_to_other_world_sizes_and_zero_stages(shakespeare_shards, tmp_path):
+def test_handoff_to_other_world_sizes_and_zero_stages(zero1_run, shakespeare_shards, tmp_path):
     """Each phase's launch records what it loaded and what its last checkpoint saved (the probe
-    worker), so that four launches check both directions of the handoff."""
+    worker), so that three launches check both directions of the handoff."""
     phase1 = tmp_path / "phase1"
     run = run_torchrun(PROBE, tmp_path / "phase1", "--train", TINY,
                        *args(shakespeare_shards, phase1, "distributed.zero_stage=2", "curriculum.run_phase=bounded"))
     assert run.returncode == 0, run.stdout[-4000:]
-    assert (phase1 / "checkpoints" / "latest").read_text().strip() == "bounded-step8"  # 80 % of 10 steps
+    assert (phase1 / "checkpoints" / "latest").read_text().strip() == "bounded-step10"  # 80 % of 12 steps
     ref = torch.load(tmp_path / "phase1-saved.pt", weights_only=False)  # what phase 1 saved, in its layout
-    assert ref["step"] == 8 and ref["consumed_samples"] == 64
+    assert ref["step"] == 10 and ref["consumed_samples"] == 80
 
     # Phase 2 on 2 processes with ZeRO-3 reads it through the universal checkpoint and holds the same
     # weights, Adam moments, step, LR and data position. (From 2 processes to 1 is checked on the way
     # back below, and launch/curriculum.sh's end-to-end test hands off from 2 to 1.)
-    cfg = load_config(TINY, ["train.steps=10"])
+    cfg = load_config(TINY, [STEPS])
     out = tmp_path / "2proc-zero3"
     shutil.copytree(phase1, out)
     free_zero3 = ["distributed.zero_stage=3", "curriculum.run_phase=free"]
@@ -54,10 +60,10 @@ def test_handoff_to_other_world_sizes_and_zero_stages(shakespeare_shards, tmp_pa
     assert run.returncode == 0, run.stdout[-4000:]
     got = torch.load(tmp_path / "phase2-loaded.pt", weights_only=False)
     assert got["how"] == "universal"
-    assert (out / "checkpoints" / "bounded-step8" / "universal").is_dir()
-    assert got["step"] == 8 and got["consumed_samples"] == 64
-    assert got["lr"] == learning_rate(8, cfg) == ref["lr"]
-    assert got["data"]["consumed_samples"] == 64
+    assert (out / "checkpoints" / "bounded-step10" / "universal").is_dir()
+    assert got["step"] == 10 and got["consumed_samples"] == 80
+    assert got["lr"] == learning_rate(10, cfg) == ref["lr"]
+    assert got["data"]["consumed_samples"] == 80
     assert got["groups"] == ref["groups"]  # weight decay stays per group
     assert got["weights"].keys() == ref["weights"].keys()
     for key, tensor in ref["weights"].items():
@@ -66,21 +72,19 @@ def test_handoff_to_other_world_sizes_and_zero_stages(shakespeare_shards, tmp_pa
         assert torch.equal(got["moments"][key][1], ref["moments"][key][1]), key
 
     # Phase 2 trained on in the ZeRO-3 layout: the step count and LR schedule continue, and the losses
-    # follow those of one uninterrupted launch of the whole curriculum on 2 processes with ZeRO-2.
-    straight = tmp_path / "straight"
-    run = run_torchrun("-m", "implicit_megatron.train", TINY,
-                       *args(shakespeare_shards, straight, "distributed.zero_stage=2"))
-    assert run.returncode == 0, run.stdout[-4000:]
-    handed, whole = losses(out), losses(straight)
-    assert sorted(handed) == list(range(1, 11))  # phase 1's records, then steps 9 and 10
-    assert handed[9] == pytest.approx(whole[9], rel=1e-6)  # the same weights at the handoff
-    # Step 10 follows the first update of phase 2: the free phase's tolerance stop may take another
+    # follow those of one uninterrupted launch of the whole curriculum on 2 processes (ZeRO-1, whose
+    # updates are ZeRO-2's: both reduce the whole gradient before the partitioned optimizer step).
+    handed, whole = losses(out), losses(zero1_run)
+    assert sorted(handed) == list(range(1, 13))  # phase 1's records, then steps 11 and 12
+    for step in range(1, 12):  # phase 1, then the same weights at the handoff
+        assert handed[step] == pytest.approx(whole[step], rel=1e-6), step
+    # Step 12 follows the first update of phase 2: the free phase's tolerance stop may take another
     # pass where ZeRO-3 sums gradients in another order, so it agrees less tightly.
-    assert handed[10] == pytest.approx(whole[10], rel=2e-3)
+    assert handed[12] == pytest.approx(whole[12], rel=2e-3)
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    last = [r for r in rows if r["step"] == 10 and "train/lr" in r][-1]
-    assert last["train/consumed_samples"] == 80 and last["train/lr"] == pytest.approx(learning_rate(9, cfg))
-    assert (out / "checkpoints" / "latest").read_text().strip() == "free-step10"
+    last = [r for r in rows if r["step"] == 12 and "train/lr" in r][-1]
+    assert last["train/consumed_samples"] == 96 and last["train/lr"] == pytest.approx(learning_rate(11, cfg))
+    assert (out / "checkpoints" / "latest").read_text().strip() == "free-step12"
 
     # And back: the ZeRO-3 checkpoint resumed on 1 process with ZeRO-2 holds what phase 2 saved.
     layout = ["distributed.zero_stage=2", "curriculum.run_phase=free"]
@@ -88,7 +92,7 @@ def test_handoff_to_other_world_sizes_and_zero_stages(shakespeare_shards, tmp_pa
     assert probe.returncode == 0, probe.stdout[-4000:]
     saved, back = (torch.load(tmp_path / f"{name}.pt", weights_only=False) for name in ("phase2-saved", "back-loaded"))
     assert back["how"] == "universal"
-    assert back["step"] == saved["step"] == 10 and back["consumed_samples"] == 80
+    assert back["step"] == saved["step"] == 12 and back["consumed_samples"] == 96
     for key, tensor in saved["weights"].items():
         assert torch.equal(back["weights"][key], tensor), key
         assert all(torch.equal(a, b) for a, b in zip(back["moments"][key], saved["moments"][key])), key
