@@ -21,6 +21,7 @@ import shutil
 import sys
 import time
 
+from data_pipeline.indexed import document_lengths
 from data_pipeline.locking import exclusive_lock
 from data_pipeline.merge import merge_split
 from data_pipeline.parts import reuse_finished, write_json_atomic, write_parts
@@ -93,7 +94,19 @@ def _run_locked(plan: Plan) -> dict:
     _say(_summary(stats))
     for warning in short_splits(stats):
         _say(f"warning: {warning}")
+    if plan.config.max_shard_tokens is not None:
+        over = over_the_cap(shards, plan.config.max_shard_tokens)
+        if over:
+            _say(f"note: {len(over)} document(s) longer than --max-shard-tokens {plan.config.max_shard_tokens} "
+                 f"(the longest {max(over.values()):,} tokens) got a shard of their own, over the cap: documents "
+                 f"are never cut ({', '.join(sorted(over)[:3])}{', ...' if len(over) > 3 else ''})")
     return stats
+
+
+def over_the_cap(shards: dict[str, list[str]], cap: int) -> dict[str, int]:
+    """{shard: tokens} of the shards over `cap`: each holds one document longer than it."""
+    sizes = {shard: int(document_lengths(shard).sum()) for names in shards.values() for shard in names}
+    return {shard: tokens for shard, tokens in sizes.items() if tokens > cap}
 
 
 SAMPLE_LENGTHS = (2048, 1024)  # the paper's training length, and a common shorter one

@@ -73,7 +73,7 @@ def test_max_shard_tokens_cuts_at_documents(tmp_path, neox, neox_path, small_tex
 
 @pytest.mark.timeout(60)  # the merge once looped back over a document longer than the cap, filling the disk
 def test_a_document_longer_than_the_shard_cap_gets_a_shard_of_its_own(tmp_path, neox, neox_path, write_jsonl,
-                                                                        read_split):
+                                                                        read_split, capsys):
     long = " ".join(["word"] * 200)
     texts = ["ROMEO: short.", long, "JULIET: short too.", long + " again", "HAMLET: the end.", "one", long]
     source = write_jsonl(tmp_path / "docs.jsonl", [{"text": t} for t in texts])
@@ -87,6 +87,9 @@ def test_a_document_longer_than_the_shard_cap_gets_a_shard_of_its_own(tmp_path, 
     assert all(lengths.sum() <= 50 or len(lengths) == 1 for lengths in sizes)
     assert [len(lengths) for lengths in sizes if lengths.sum() > 50] == [1, 1, 1]  # the long ones, alone
     assert len(shards) <= len(texts) and stats["splits"]["train"]["shards"] == [str(s) for s in shards]
+    longest = max(int(lengths.sum()) for lengths in sizes)
+    assert (f"note: 3 document(s) longer than --max-shard-tokens 50 (the longest {longest:,} tokens) got a shard of "
+            "their own, over the cap: documents are never cut") in capsys.readouterr().err
 
 
 def test_limit_docs_keeps_the_first_documents(tmp_path, neox, neox_path, small_texts, write_jsonl, read_split,
