@@ -13,7 +13,16 @@ import time
 from pathlib import Path
 
 import pytest
-from support.processes import ROOT, child_env, faults, free_port, kill_tree, run_torchrun, torchrun_command
+from support.processes import (
+    ROOT,
+    child_env,
+    faults,
+    free_port,
+    kill_tree,
+    run_in_session,
+    run_torchrun,
+    torchrun_command,
+)
 from support.reference_runs import zero1_overrides
 
 TINY = "configs/tiny/mamba2-implicit.yaml"
@@ -22,6 +31,13 @@ TINY = "configs/tiny/mamba2-implicit.yaml"
 def overrides(shards: str, out: Path, *extra: str) -> list[str]:
     return [f"data.prefixes=[{shards}]", "data.source=null", f"train.output_dir={out}", "train.log_interval=1",
             *extra]
+
+
+def train_alone(config: str, *args: str, **env: str) -> subprocess.CompletedProcess:
+    """One process started directly, a world of one (`python -m implicit_megatron.train`), for what
+    needs no second rank: no launcher to start (torchrun costs 2 s of CPU a launch)."""
+    return run_in_session([sys.executable, "-m", "implicit_megatron.train", config, *args], 300, merge_output=True,
+                          **env)
 
 
 def records_with(out: Path, key: str) -> list[dict]:
@@ -198,8 +214,7 @@ def test_honest_endings(shakespeare_shards, tmp_path):
     args = overrides(shakespeare_shards, tmp_path, "train.steps=4", "tracking.enabled=false", "train.eval_interval=2",
                      "schedule.warmup_steps=1", f"curriculum.phases={never}", "train.warn_unconverged_intervals=2",
                      "checkpoint.interval=1", "checkpoint.keep_last=5")
-    result = run_torchrun("-m", "implicit_megatron.train", TINY, *args, nproc=1,
-                          **faults(nan_loss_at_step=4, loss_jump_at_step=3))
+    result = train_alone(TINY, *args, **faults(nan_loss_at_step=4, loss_jump_at_step=3))
     assert result.returncode == 0, result.stdout[-3000:]
     assert "warning: no checkpoint at step 3: the loss jumped beyond checkpoint.max_loss_jump=4.0" in result.stdout
     assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir() if p.is_dir()) == ["free-step1", "free-step2",
@@ -208,7 +223,7 @@ def test_honest_endings(shakespeare_shards, tmp_path):
     assert "done at step 4: validation perplexity" in result.stdout
     assert "; 1 steps skipped with non-finite losses" in result.stdout
     assert (tmp_path / "checkpoints" / "latest").read_text().strip() == "free-step4"
-    again = run_torchrun("-m", "implicit_megatron.train", TINY, *args, nproc=1)
+    again = train_alone(TINY, *args)
     assert again.returncode == 0 and "already complete: step 4 of 4" in again.stdout
     assert "the last one, at step 2: validation perplexity" in again.stdout  # its last metrics, again
 
@@ -220,7 +235,7 @@ def test_a_diverging_run_is_warned_about_and_keeps_its_best_checkpoint(shakespea
     args = overrides(shakespeare_shards, tmp_path, "train.steps=6", "optimizer.lr=1.0", "schedule.warmup_steps=1",
                      "tracking.enabled=false", "train.eval_interval=3", "train.eval_samples=8",
                      "checkpoint.interval=1", "checkpoint.keep_last=1", "checkpoint.max_loss_jump=null")
-    result = run_torchrun("-m", "implicit_megatron.train", "configs/tiny/mamba2-explicit.yaml", *args, nproc=1)
+    result = train_alone("configs/tiny/mamba2-explicit.yaml", *args)
     assert result.returncode == 0, result.stdout[-3000:]
     warnings = [line for line in result.stdout.splitlines() if "the run is diverging" in line]
     assert len(warnings) == 1, result.stdout[-3000:]
@@ -238,23 +253,21 @@ def test_resume_with_a_fresh_optimizer_follows_the_zero_stage_advice(shakespeare
     Then a raised train.steps extends the run."""
     args = overrides(shakespeare_shards, tmp_path, "train.steps=6", "checkpoint.interval=4", "tracking.enabled=false",
                      "train.eval_interval=100", "checkpoint.keep_last=5")
-    assert run_torchrun("-m", "implicit_megatron.train", TINY, *args, nproc=1).returncode == 0
+    assert train_alone(TINY, *args).returncode == 0
     straight = {step: row["train/loss"] for step, row in records(tmp_path).items()}
     checkpoints = tmp_path / "checkpoints"
     for tag in ("bounded-step5", "free-step6"):
         shutil.rmtree(checkpoints / tag)
     (checkpoints / "latest").write_text("bounded-step4\n")
     # without load_optimizer=false this resume is refused (test_handoff.py, before any process starts)
-    resumed = run_torchrun("-m", "implicit_megatron.train", TINY, *args, "distributed.zero_stage=1",
-                           "checkpoint.load_optimizer=false", nproc=1)
+    resumed = train_alone(TINY, *args, "distributed.zero_stage=1", "checkpoint.load_optimizer=false")
     assert resumed.returncode == 0, resumed.stdout[-3000:]
     assert "at step 4 (32 samples)" in resumed.stdout
     again = {step: row["train/loss"] for step, row in records(tmp_path).items()}
     assert abs(again[5] - straight[5]) <= 1e-6  # the weights and the data position were restored
     assert abs(again[6] - straight[6]) > 1e-4  # step 5's update came from a fresh Adam state
     # raising train.steps extends the run: the samples already seen keep their order, no switch needed
-    extended = run_torchrun("-m", "implicit_megatron.train", TINY, *args, "distributed.zero_stage=1", "train.steps=8",
-                            nproc=1)
+    extended = train_alone(TINY, *args, "distributed.zero_stage=1", "train.steps=8")
     assert extended.returncode == 0, extended.stdout[-3000:]
     assert "train.steps raised to 8: the 48 samples already seen come in the same order" in extended.stdout
     assert sorted(records(tmp_path)) == list(range(1, 9))
