@@ -256,7 +256,7 @@ def export(ckpt_dir: str | Path, out_dir: str | Path, tag: str | None = None, dt
 
 def from_pretrained(folder: str | Path, device=None, dtype=None) -> LanguageModel:
     """Load a folder written by `export` (tools/convert_checkpoint.py export)."""
-    from safetensors.torch import load_file
+    from implicit_megatron.checkpoints.weights_file import read_safetensors
 
     folder = Path(folder)
     for name in (CONFIG_FILE, MODEL_FILE):
@@ -264,6 +264,6 @@ def from_pretrained(folder: str | Path, device=None, dtype=None) -> LanguageMode
             raise FileNotFoundError(f"{folder}: no {name}; export a checkpoint with tools/convert_checkpoint.py")
     cfg = read_folder_config(folder)
     model = build_model(cfg, dtype=dtype)  # built in the asked dtype, so that loading loses nothing
-    state = load_file(str(folder / MODEL_FILE))
+    state = read_safetensors(folder / MODEL_FILE)
     model.load_state_dict({k: v.to(model.state_dict()[k].dtype) for k, v in state.items()}, strict=True)
     return model.to(device=device, dtype=dtype).eval()

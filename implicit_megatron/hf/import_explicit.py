@@ -32,12 +32,12 @@ def read_source(src: Path) -> tuple[dict, dict[str, torch.Tensor]]:
     if not (src / "config.json").is_file():
         raise FileNotFoundError(f"{src}: no config.json")
     hf = json.loads((src / "config.json").read_text())
-    if (src / "model.safetensors").is_file():
-        from safetensors.torch import load_file
+    from implicit_megatron.checkpoints.weights_file import read_safetensors, read_torch_weights
 
-        return hf, load_file(str(src / "model.safetensors"))
+    if (src / "model.safetensors").is_file():
+        return hf, read_safetensors(src / "model.safetensors")
     if (src / "pytorch_model.bin").is_file():
-        return hf, torch.load(src / "pytorch_model.bin", map_location="cpu", weights_only=True)
+        return hf, read_torch_weights(src / "pytorch_model.bin")
     raise FileNotFoundError(f"{src}: no model.safetensors or pytorch_model.bin")
 
 

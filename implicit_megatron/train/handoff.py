@@ -186,9 +186,12 @@ def _named_checkpoint(path: Path) -> tuple[Path, str]:
 def source_weights(source: Source) -> dict[str, torch.Tensor]:
     """The fp32 weights a weights-only start loads into the model before the engine is built."""
     if source.how == "pretrained":
-        from safetensors.torch import load_file
+        from implicit_megatron.checkpoints.weights_file import WeightsFileError, read_safetensors
 
-        return {k: v.float() for k, v in load_file(str(source.folder / PRETRAINED_WEIGHTS)).items()}
+        try:
+            return {k: v.float() for k, v in read_safetensors(source.folder / PRETRAINED_WEIGHTS).items()}
+        except WeightsFileError as err:
+            raise RunRefused(f"checkpoint.load: {err}") from None
     return consolidated_weights(source.path, cast(Layout, source.saved))  # a tag's: not pretrained
 
 

@@ -1,0 +1,41 @@
+"""A model folder's weights file, whoever wrote it: one error naming the file where it is not whole (a
+cut download, a crafted header or offsets) or not plain tensors (a pickle that would run code is
+refused before any of it runs), instead of the reader's traceback."""
+
+from __future__ import annotations
+
+import pickle
+from pathlib import Path
+
+import torch
+
+
+class WeightsFileError(ValueError):
+    """A weights file that cannot be read as tensors; the message names it."""
+
+
+def _first_line(err: BaseException) -> str:
+    return (str(err).strip().splitlines() or [type(err).__name__])[0]
+
+
+def read_safetensors(path: Path) -> dict[str, torch.Tensor]:
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    try:
+        return load_file(str(path))
+    except (SafetensorError, OSError) as err:
+        raise WeightsFileError(f"{path}: not a whole safetensors file ({_first_line(err)})") from None
+
+
+def read_torch_weights(path: Path) -> dict[str, torch.Tensor]:
+    """A `pytorch_model.bin`: read weights-only, so that no object in it is built."""
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except (pickle.UnpicklingError, RuntimeError, EOFError, OSError) as err:
+        raise WeightsFileError(f"{path}: not a file of plain tensors; refused without running any of it "
+                               f"({_first_line(err)})") from None
+    if not isinstance(state, dict) or not all(isinstance(k, str) and isinstance(v, torch.Tensor)
+                                              for k, v in state.items()):
+        raise WeightsFileError(f"{path}: holds no mapping of tensor names to tensors")
+    return state

@@ -1,0 +1,78 @@
+"""Weights files received from others, read by the tools users run: a crafted safetensors header,
+offsets past the end, and a pickled `pytorch_model.bin` end in one line naming the file (and the
+pickle's code never runs), not in the reader's traceback."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import pathlib
+import struct
+
+import pytest
+import torch
+from support.processes import ROOT
+from support.tiny_exports import write_tiny_export
+from transformers import LlamaConfig
+
+
+def tool(name: str):
+    spec = importlib.util.spec_from_file_location(f"{name}_tool", ROOT / "tools" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def header_too_large(path: pathlib.Path) -> None:
+    path.write_bytes(struct.pack("<Q", 2**62) + b"{}")
+
+
+def offsets_past_the_end(path: pathlib.Path) -> None:
+    header = json.dumps({"lm_head.weight": {"dtype": "F32", "shape": [1000], "data_offsets": [0, 4000]}}).encode()
+    path.write_bytes(struct.pack("<Q", len(header)) + header + bytes(16))
+
+
+class Marker:
+    """Unpickled, it would create the marker file: the payload of a pickled weights file."""
+
+    def __init__(self, path: pathlib.Path) -> None:
+        self.path = path
+
+    def __reduce__(self):
+        return pathlib.Path.touch, (self.path,)
+
+
+@pytest.mark.parametrize(("damage", "why"), [(header_too_large, "header too large"),
+                                             (offsets_past_the_end, "incomplete metadata, file not fully covered")])
+def test_an_export_with_a_damaged_weights_file_is_one_line_naming_it(damage, why, tmp_path, capsys):
+    export = write_tiny_export("mamba2-explicit", tmp_path)
+    damage(export / "model.safetensors")
+    assert tool("generate").main([str(export), "--prompt", "ROMEO:", "--max-new-tokens", "2"]) == 2
+    assert capsys.readouterr().err == (f"generate: {export / 'model.safetensors'}: not a whole safetensors file "
+                                       f"(Error while deserializing header: {why})\n")
+
+
+def explicit_folder(folder: pathlib.Path) -> pathlib.Path:
+    folder.mkdir()
+    config = LlamaConfig(vocab_size=50277, hidden_size=64, intermediate_size=192, num_hidden_layers=2,
+                         num_attention_heads=4, tie_word_embeddings=True)
+    (folder / "config.json").write_text(config.to_json_string())
+    return folder
+
+
+def test_importing_a_pickled_weights_file_runs_none_of_it(tmp_path, capsys):
+    src, marker = explicit_folder(tmp_path / "received"), tmp_path / "marker"
+    torch.save({"model.embed_tokens.weight": Marker(marker)}, src / "pytorch_model.bin")
+    assert tool("convert_checkpoint").main(["import", str(src), str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"convert_checkpoint: {src / 'pytorch_model.bin'}: not a file of plain tensors; refused "
+                          "without running any of it (") and err.count("\n") == 1, err
+    assert not marker.exists() and not (tmp_path / "out").exists()
+
+
+def test_importing_a_safetensors_file_with_a_crafted_header_is_one_line(tmp_path, capsys):
+    src = explicit_folder(tmp_path / "received")
+    header_too_large(src / "model.safetensors")
+    assert tool("convert_checkpoint").main(["import", str(src), str(tmp_path / "out")]) == 2
+    assert capsys.readouterr().err == (f"convert_checkpoint: {src / 'model.safetensors'}: not a whole safetensors "
+                                       "file (Error while deserializing header: header too large)\n")
