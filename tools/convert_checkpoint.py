@@ -20,7 +20,6 @@ stage; the command is for doing it ahead of time, or for other DeepSpeed program
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -66,6 +65,7 @@ def main(argv: list[str] | None = None) -> int:
     from implicit_megatron.hf.export import export
     from implicit_megatron.hf.import_explicit import import_explicit
     from implicit_megatron.hf.released import export_released_from, import_released, is_released
+    from implicit_megatron.utils.json_config import read_json_config
 
     try:
         if args.command == "export" and args.format == "released":
@@ -75,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
             out = export(args.ckpt_dir, args.out_dir, tag=args.tag, dtype=args.dtype or "fp32")
         elif args.command == "import":
             described = Path(args.src) / "config.json"
-            source = json.loads(described.read_text()) if described.is_file() else {}
+            source = read_json_config(described) if described.is_file() else {}
             if is_released(source):  # the paper's released implicit, (4+1) and explicit models
                 out = import_released(args.src, args.out_dir, args.base_config)
             else:

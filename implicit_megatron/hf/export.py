@@ -27,6 +27,7 @@ from implicit_megatron.checkpoints.integrity import require_complete
 from implicit_megatron.checkpoints.layout import find_checkpoint, model_states_file, read_client_state, saved_layout
 from implicit_megatron.config import Config
 from implicit_megatron.models.lm import LanguageModel
+from implicit_megatron.utils.json_config import read_json_config
 from implicit_megatron.utils.typed_yaml import build_dataclass
 from implicit_megatron.utils.whole_folder import written_whole
 
@@ -186,7 +187,7 @@ def write_fast_sentencepiece(out: Path, tokenizer, settings: dict) -> bool:
 
 
 def read_folder_config(folder: Path) -> Config:
-    data = json.loads((folder / CONFIG_FILE).read_text())
+    data = read_json_config(folder / CONFIG_FILE)
     if CONFIG_KEY not in data:
         raise ValueError(f"{folder / CONFIG_FILE}: no '{CONFIG_KEY}' entry; not a folder written by "
                          "tools/convert_checkpoint.py")

@@ -8,7 +8,6 @@ injection module keeps its fresh initialisation; everything else comes from the 
 
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 
@@ -17,6 +16,7 @@ import torch
 from implicit_megatron.builder import build_model
 from implicit_megatron.config import Config, read_config
 from implicit_megatron.hf.export import write_folder
+from implicit_megatron.utils.json_config import read_json_config
 
 DEFAULT_BASE = Path(__file__).resolve().parents[2] / "configs/parts/imported.yaml"  # what a source does not say
 
@@ -31,7 +31,7 @@ def read_source(src: Path) -> tuple[dict, dict[str, torch.Tensor]]:
     """config.json and the weights (model.safetensors or pytorch_model.bin) of a model folder."""
     if not (src / "config.json").is_file():
         raise FileNotFoundError(f"{src}: no config.json")
-    hf = json.loads((src / "config.json").read_text())
+    hf = read_json_config(src / "config.json")
     from implicit_megatron.checkpoints.weights_file import read_safetensors, read_torch_weights
 
     if (src / "model.safetensors").is_file():

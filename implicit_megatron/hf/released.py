@@ -23,6 +23,7 @@ from implicit_megatron.builder import build_model
 from implicit_megatron.config import Config, read_config
 from implicit_megatron.hf.export import write_folder
 from implicit_megatron.hf.import_explicit import DEFAULT_BASE, read_source, source_name
+from implicit_megatron.utils.json_config import read_json_config
 from implicit_megatron.utils.whole_folder import written_whole
 
 logger = logging.getLogger(__name__)
@@ -336,7 +337,7 @@ def export_released_from(path: str | Path, out_dir: str | Path, tag: str | None 
 
     path = Path(path)
     if (path / MODEL_FILE).is_file():
-        stored = json.loads((path / CONFIG_FILE).read_text()).get("torch_dtype", "float32")
+        stored = read_json_config(path / CONFIG_FILE).get("torch_dtype", "float32")
         if stored not in STORED_DTYPES:
             raise ValueError(f"{path / CONFIG_FILE}: torch_dtype {stored!r}: expected one of "
                              f"{', '.join(STORED_DTYPES)}")

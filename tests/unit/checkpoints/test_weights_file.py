@@ -4,23 +4,15 @@ pickle's code never runs), not in the reader's traceback."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import pathlib
 import struct
 
 import pytest
 import torch
-from support.processes import ROOT
 from support.tiny_exports import write_tiny_export
+from support.tools import load_tool
 from transformers import LlamaConfig
-
-
-def tool(name: str):
-    spec = importlib.util.spec_from_file_location(f"{name}_tool", ROOT / "tools" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def header_too_large(path: pathlib.Path) -> None:
@@ -47,7 +39,7 @@ class Marker:
 def test_an_export_with_a_damaged_weights_file_is_one_line_naming_it(damage, why, tmp_path, capsys):
     export = write_tiny_export("mamba2-explicit", tmp_path)
     damage(export / "model.safetensors")
-    assert tool("generate").main([str(export), "--prompt", "ROMEO:", "--max-new-tokens", "2"]) == 2
+    assert load_tool("generate").main([str(export), "--prompt", "ROMEO:", "--max-new-tokens", "2"]) == 2
     assert capsys.readouterr().err == (f"generate: {export / 'model.safetensors'}: not a whole safetensors file "
                                        f"(Error while deserializing header: {why})\n")
 
@@ -63,7 +55,7 @@ def explicit_folder(folder: pathlib.Path) -> pathlib.Path:
 def test_importing_a_pickled_weights_file_runs_none_of_it(tmp_path, capsys):
     src, marker = explicit_folder(tmp_path / "received"), tmp_path / "marker"
     torch.save({"model.embed_tokens.weight": Marker(marker)}, src / "pytorch_model.bin")
-    assert tool("convert_checkpoint").main(["import", str(src), str(tmp_path / "out")]) == 2
+    assert load_tool("convert_checkpoint").main(["import", str(src), str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err
     assert err.startswith(f"convert_checkpoint: {src / 'pytorch_model.bin'}: not a file of plain tensors; refused "
                           "without running any of it (") and err.count("\n") == 1, err
@@ -73,6 +65,6 @@ def test_importing_a_pickled_weights_file_runs_none_of_it(tmp_path, capsys):
 def test_importing_a_safetensors_file_with_a_crafted_header_is_one_line(tmp_path, capsys):
     src = explicit_folder(tmp_path / "received")
     header_too_large(src / "model.safetensors")
-    assert tool("convert_checkpoint").main(["import", str(src), str(tmp_path / "out")]) == 2
+    assert load_tool("convert_checkpoint").main(["import", str(src), str(tmp_path / "out")]) == 2
     assert capsys.readouterr().err == (f"convert_checkpoint: {src / 'model.safetensors'}: not a whole safetensors "
                                        "file (Error while deserializing header: header too large)\n")

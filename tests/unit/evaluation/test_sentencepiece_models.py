@@ -64,10 +64,10 @@ def test_tools_generate_prints_each_prompt_as_the_tokenizer_decodes_the_whole_se
     """tools/generate.py, run as a user runs it, against sentencepiece's own decode of the sequence.
     The model's (untied) head is set to choose the word boundary "\u2581" first: the decode of the new
     tokens alone drops it (what the tool printed before)."""
-    import importlib.util
     import json
 
     import sentencepiece
+    from support.tools import load_tool
 
     from implicit_megatron import build_model, load_config
     from implicit_megatron.hf.export import write_folder
@@ -88,11 +88,8 @@ def test_tools_generate_prints_each_prompt_as_the_tokenizer_decodes_the_whole_se
         head.zero_()
         head[boundary] = 50 * hidden / hidden.norm()
     export = write_folder(tmp_path / "export", model, cfg, torch.float32)
-    spec = importlib.util.spec_from_file_location("generate_tool", ROOT / "tools/generate.py")
-    tool = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(tool)
-    assert tool.main([str(export), "--prompt", prompt, "--temperature", "0", "--max-new-tokens", "4", "--ignore-eod",
-                      "--jsonl"]) == 0
+    assert load_tool("generate").main([str(export), "--prompt", prompt, "--temperature", "0", "--max-new-tokens", "4",
+                                       "--ignore-eod", "--jsonl"]) == 0
     (row,) = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert row["prompt"] == prompt and row["new_tokens"][0] == boundary
     assert row["prompt"] + row["text"] == processor.decode(processor.encode(prompt) + row["new_tokens"])
