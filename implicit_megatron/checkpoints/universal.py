@@ -37,6 +37,7 @@ from implicit_megatron.checkpoints.layout import (
 )
 from implicit_megatron.errors import RunRefused
 from implicit_megatron.utils.lean_imports import import_deepspeed
+from implicit_megatron.utils.safe_write import remove_leftover
 
 
 def to_universal(path: Path, workers: int = 2, log=None) -> Path:
@@ -57,7 +58,7 @@ def to_universal(path: Path, workers: int = 2, log=None) -> Path:
         (log or print)(f"{out}: not used: {problem}; converting the checkpoint again")
         out.unlink() if out.is_symlink() else shutil.rmtree(out)
     tmp = path / UNIVERSAL_TMP
-    shutil.rmtree(tmp, ignore_errors=True)
+    remove_leftover(tmp)  # a link there would have the converter write through it
     _convert(path, tmp, workers)
     for file in sorted(p for p in tmp.rglob("*") if p.is_file()):
         problem = safe_load.weights_only_problem(file)
@@ -74,7 +75,7 @@ def _convert(path: Path, out: Path, workers: int) -> None:
     """deepspeed.checkpoint.ds_to_universal from `path` into `out`, made loadable by every stage.
     It reads the tag's own files only, weights-only (see the module docstring)."""
     staged = path.parent / f".{path.name}.conversion-input"
-    shutil.rmtree(staged, ignore_errors=True)
+    remove_leftover(staged)
     try:
         _stage_own_files(path, staged)
         cmd = [sys.executable, "-m", "implicit_megatron.checkpoints.weights_only_convert", "--input_folder",
@@ -85,7 +86,7 @@ def _convert(path: Path, out: Path, workers: int) -> None:
             env.pop(key, None)
         result = subprocess.run(cmd, env=env, capture_output=True, text=True)
     finally:
-        shutil.rmtree(staged, ignore_errors=True)
+        remove_leftover(staged)
     if result.returncode != 0:
         raise RuntimeError(f"{path}: conversion to a universal checkpoint failed:\n{result.stdout[-3000:]}"
                            f"{result.stderr[-3000:]}")

@@ -10,6 +10,7 @@ followed, and a kill leaves the old file), and an append refuses a link.
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
 from pathlib import Path
 from typing import TextIO
@@ -44,3 +45,13 @@ def open_append(path: str | Path) -> TextIO:
                                      "files only") from None
         raise
     return os.fdopen(fd, "a")
+
+
+def remove_leftover(path: str | Path) -> None:
+    """Remove what an interrupted run may have left at `path` before a folder is made there: a folder
+    (with what it holds), or anything else, a link included, as itself (never a link's target)."""
+    path = Path(path)
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+    elif os.path.lexists(path):
+        path.unlink()

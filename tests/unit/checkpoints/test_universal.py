@@ -6,6 +6,7 @@ loaded. The conversion reads the tag's own files only, with the weights-only unp
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -17,7 +18,7 @@ import torch
 from implicit_megatron.checkpoints import safe_load
 from implicit_megatron.checkpoints import universal as conversion
 from implicit_megatron.checkpoints.integrity import check_tag, digest, record_universal, write_manifest
-from implicit_megatron.checkpoints.layout import MANIFEST, MODEL_STATES
+from implicit_megatron.checkpoints.layout import MANIFEST, MODEL_STATES, UNIVERSAL_TMP
 
 
 class WritesMarker:
@@ -164,3 +165,25 @@ def test_the_converter_reads_only_the_tags_own_files_and_those_weights_only(tmp_
     assert not marker.exists()
     torch.load(staged / MODEL_STATES, weights_only=False)  # the payload is armed
     assert marker.read_text() == "code ran"
+
+
+@pytest.mark.processes  # the real converter runs (and fails on these files)
+def test_the_conversions_working_folders_left_as_links_are_removed_not_followed(tmp_path, monkeypatch):
+    """A received tag may bring `.TAG.conversion-input` and `universal/`'s temporary folder as links
+    to folders elsewhere: the conversion removes the links and writes nothing through them."""
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "keep.txt").write_text("theirs")
+    tag = two_rank_tag(tmp_path / "checkpoints", tmp_path / "marker")
+    (tag.parent / f".{tag.name}.conversion-input").symlink_to(outside, target_is_directory=True)
+    with pytest.raises(RuntimeError, match="conversion to a universal checkpoint failed"):
+        conversion._convert(tag, tmp_path / "out", workers=1)  # staged its own files, not into `outside`
+    assert sorted(p.name for p in outside.iterdir()) == ["keep.txt"]
+    assert not os.path.lexists(tag.parent / f".{tag.name}.conversion-input")
+
+    received, universal = tag_with_universal(tmp_path / "received", {"param": torch.ones(2)})
+    shutil.rmtree(universal)
+    (received / UNIVERSAL_TMP).symlink_to(outside, target_is_directory=True)
+    monkeypatch.setattr(conversion, "_convert", our_conversion)
+    assert conversion.to_universal(received) == universal and (universal / "zero" / "w" / "fp32.pt").is_file()
+    assert sorted(p.name for p in outside.iterdir()) == ["keep.txt"]
