@@ -15,7 +15,14 @@ import time
 from pathlib import Path
 
 from implicit_megatron.config import TrackingConfig
-from implicit_megatron.tracking.tracker import RUN_CONFIG, RUN_ID_FILE, STORE, artifacts_outside, refuse_outside
+from implicit_megatron.tracking.tracker import (
+    RUN_CONFIG,
+    RUN_ID_FILE,
+    STORE,
+    artifacts_outside,
+    refuse_outside,
+    store_problem,
+)
 from implicit_megatron.utils.typed_yaml import ConfigError, parse_yaml
 
 
@@ -70,11 +77,16 @@ def check_destination(run_dir: str | Path):
     """The MLflow client of the run folder's store (`destination`) and the run its `mlflow_run_id`
     names (None: none yet), after refusing, by name, a local store that would write artifacts
     outside the folder (its run's, or the experiment's a new run would join)."""
+    folder = Path(run_dir).resolve()
+    uri, experiment_name, local = destination(folder)
+    store = folder / STORE
+    problem = store_problem(store) if local and os.path.lexists(store) else None
+    if problem:
+        raise ValueError(f"{store}: not an MLflow store results can be logged to ({problem}); move it aside "
+                         "(a resume of the run then starts a new store) or log to another run folder")
     os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
     from mlflow import MlflowClient
 
-    folder = Path(run_dir).resolve()
-    uri, experiment_name, local = destination(folder)
     client = MlflowClient(tracking_uri=uri)
     id_file = folder / RUN_ID_FILE
     run_id = id_file.read_text().strip() if id_file.is_file() else None

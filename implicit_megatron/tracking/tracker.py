@@ -75,11 +75,20 @@ def _first_line(err: BaseException) -> str:
     return f"{type(err).__name__}: {line if isinstance(err, ArtifactsOutside) else line[:300]}"
 
 
-def _unopenable(db: Path) -> str | None:
-    """Why the local store cannot be used (None: a complete MLflow schema at its latest revision).
-    Read with sqlite itself: MLflow keeps one engine per store address for the whole process, and
-    one opened on a broken file would outlive the file being moved aside."""
+def store_problem(db: Path) -> str | None:
+    """Why the local store cannot be used (None: a file of its own holding a complete MLflow schema at
+    its latest revision). A link would have MLflow write to another file, and opening a FIFO waits
+    for a writer that never comes: both are judged without being opened. Read with sqlite itself:
+    MLflow keeps one engine per store address for the whole process, and one opened on a broken
+    file would outlive the file being moved aside."""
     import sqlite3
+    import stat
+
+    mode = db.lstat().st_mode
+    if stat.S_ISLNK(mode):
+        return "it is a symbolic link"
+    if not stat.S_ISREG(mode):
+        return "it is not a regular file (a FIFO, a device or a socket)"
 
     try:
         with contextlib.closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True)) as con:
@@ -117,8 +126,8 @@ def local_store(out: Path) -> Path:
     db = out / STORE
     for leftover in out.glob(f"{STORE}.creating-*"):
         leftover.unlink(missing_ok=True)
-    if db.exists():
-        problem = _unopenable(db)
+    if os.path.lexists(db):
+        problem = store_problem(db)
         if problem is None:
             return db
         aside = db.with_name(f"{STORE}.unreadable-{time.strftime('%Y%m%d-%H%M%S')}")

@@ -42,3 +42,29 @@ def test_a_saved_config_that_would_expand_without_end_is_refused(tmp_path):
     (folder / "config.yaml").write_text("a: &a [x, x]\nb: &b [*a, *a]\ntracking: {}\n")
     with pytest.raises(ValueError, match="not the config a run saved"):
         destination(folder)
+
+
+@pytest.mark.parametrize("store", ["a dangling link", "a link to another store", "a FIFO", "garbage"])
+@pytest.mark.timeout(60)  # a FIFO opened would wait for ever
+def test_a_run_folders_store_that_is_not_its_own_file_is_refused_unopened(store, tmp_path, monkeypatch):
+    import os
+
+    from implicit_megatron.evaluation.mlflow_results import check_destination
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    folder = run_folder(tmp_path, None)
+    db, other = folder / "mlflow.db", tmp_path / "other.db"
+    other.write_bytes(b"theirs")
+    if store == "a dangling link":
+        db.symlink_to(tmp_path / "missing.db")
+    elif store == "a link to another store":
+        db.symlink_to(other)
+    elif store == "a FIFO":
+        os.mkfifo(db)
+    else:
+        db.write_bytes(b"\x00garbage" * 100)
+    why = {"a FIFO": "it is not a regular file", "garbage": "file is not a database"}.get(store,
+                                                                                         "it is a symbolic link")
+    with pytest.raises(ValueError, match=f"^{db}: not an MLflow store results can be logged to \\(.*{why}"):
+        check_destination(folder)
+    assert other.read_bytes() == b"theirs" and not (tmp_path / "missing.db").exists()

@@ -3,6 +3,7 @@ aside with a warning and a new one started; a new store is complete or not there
 
 from __future__ import annotations
 
+import os
 import sqlite3
 
 import pytest
@@ -34,14 +35,24 @@ def half_migrated(db) -> None:
 
 
 @pytest.mark.processes
-@pytest.mark.parametrize("damage", ["half-migrated", "not a database"])
+@pytest.mark.parametrize("damage", ["half-migrated", "not a database", "a link to another store", "a FIFO"])
+@pytest.mark.timeout(120)  # a FIFO opened would wait for ever
 def test_an_unopenable_store_is_moved_aside_and_the_run_goes_on(tmp_path, capsys, damage):
+    """A link would have the run write into another store, and a FIFO would hang its opening: both are
+    moved aside like a damaged store, unopened."""
     (tmp_path / "config.yaml").write_text("name: x\n")
-    db = tmp_path / STORE
+    db, other = tmp_path / STORE, tmp_path / "elsewhere" / STORE
     if damage == "half-migrated":
         half_migrated(db)
+    elif damage == "a link to another store":
+        other.parent.mkdir()
+        tracker_module._create_store(other)
+        db.symlink_to(other)
+    elif damage == "a FIFO":
+        os.mkfifo(db)
     else:
         db.write_bytes(b"\x00garbage" * 100)
+    before = other.read_bytes() if other.exists() else None
     (tmp_path / tracker_module.RUN_ID_FILE).write_text("0123456789abcdef\n")  # the broken store's run
     tracker = Tracker(config(tmp_path), active=True)
     tracker.begin(0)
@@ -50,7 +61,8 @@ def test_an_unopenable_store_is_moved_aside_and_the_run_goes_on(tmp_path, capsys
     out = capsys.readouterr().out
     aside = sorted(tmp_path.glob(f"{STORE}.unreadable-*"))
     assert len(aside) == 1 and f"the MLflow store {db} could not be opened" in out and str(aside[0]) in out
-    assert logged(tmp_path) == [3.0]
+    assert logged(tmp_path) == [3.0] and db.is_file() and not db.is_symlink()
+    assert (other.read_bytes() if other.exists() else None) == before  # the other store untouched
 
 
 @pytest.mark.processes
