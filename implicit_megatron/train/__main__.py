@@ -108,9 +108,10 @@ def _run(args, seen_output) -> int:
     try:
         Trainer(cfg).fit()
         _leave_process_group()
-    except RunRefused as err:
+    except RunRefused as err:  # every rank refuses together: the group can be torn down as after a run
         if rank == 0:
             print(f"error: {err}", file=sys.stderr, flush=True)
+        _leave_process_group()
         return REFUSED
     except RunStopped as err:  # its message says everything: no traceback
         if rank == 0:
