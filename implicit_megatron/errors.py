@@ -14,3 +14,8 @@ class RunStopped(RuntimeError):
 
 
 REFUSED = 2  # the exit status of a refused launch (as of a config error before any process starts)
+
+
+def first_line(err: BaseException) -> str:
+    """A foreign error in one line for a message of ours: its type and the first line of its text."""
+    return f"{type(err).__name__}: {(str(err).splitlines() or [''])[0][:160]}"

@@ -9,13 +9,11 @@ from pathlib import Path
 
 import torch
 
+from implicit_megatron.errors import first_line
+
 
 class WeightsFileError(ValueError):
     """A weights file that cannot be read as tensors; the message names it."""
-
-
-def _first_line(err: BaseException) -> str:
-    return (str(err).strip().splitlines() or [type(err).__name__])[0]
 
 
 def read_safetensors(path: Path) -> dict[str, torch.Tensor]:
@@ -25,7 +23,7 @@ def read_safetensors(path: Path) -> dict[str, torch.Tensor]:
     try:
         return load_file(str(path))
     except (SafetensorError, OSError) as err:
-        raise WeightsFileError(f"{path}: not a whole safetensors file ({_first_line(err)})") from None
+        raise WeightsFileError(f"{path}: not a whole safetensors file ({first_line(err)})") from None
 
 
 def read_torch_weights(path: Path) -> dict[str, torch.Tensor]:
@@ -34,7 +32,7 @@ def read_torch_weights(path: Path) -> dict[str, torch.Tensor]:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except (pickle.UnpicklingError, RuntimeError, EOFError, OSError) as err:
         raise WeightsFileError(f"{path}: not a file of plain tensors; refused without running any of it "
-                               f"({_first_line(err)})") from None
+                               f"({first_line(err)})") from None
     if not isinstance(state, dict) or not all(isinstance(k, str) and isinstance(v, torch.Tensor)
                                               for k, v in state.items()):
         raise WeightsFileError(f"{path}: holds no mapping of tensor names to tensors")

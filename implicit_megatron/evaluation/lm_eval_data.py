@@ -16,6 +16,8 @@ import functools
 import os
 from typing import TYPE_CHECKING
 
+from implicit_megatron.errors import first_line
+
 if TYPE_CHECKING:
     from implicit_megatron.evaluation.lm_eval_options import LmEvalOptions
 
@@ -25,10 +27,6 @@ PROBE_SECONDS = 3.0
 
 class MissingTaskData(ValueError):
     """lm-eval tasks whose data sets cannot be had here; the message is one line."""
-
-
-def first_line(err: BaseException) -> str:
-    return f"{type(err).__name__}: {(str(err).splitlines() or [''])[0][:160]}"
 
 
 def hub_unreachable(endpoint: str | None = None, timeout: float = PROBE_SECONDS) -> str | None:

@@ -41,7 +41,7 @@ def test_an_export_with_a_damaged_weights_file_is_one_line_naming_it(damage, why
     damage(export / "model.safetensors")
     assert load_tool("generate").main([str(export), "--prompt", "ROMEO:", "--max-new-tokens", "2"]) == 2
     assert capsys.readouterr().err == (f"generate: {export / 'model.safetensors'}: not a whole safetensors file "
-                                       f"(Error while deserializing header: {why})\n")
+                                       f"(SafetensorError: Error while deserializing header: {why})\n")
 
 
 def explicit_folder(folder: pathlib.Path) -> pathlib.Path:
@@ -67,4 +67,4 @@ def test_importing_a_safetensors_file_with_a_crafted_header_is_one_line(tmp_path
     header_too_large(src / "model.safetensors")
     assert load_tool("convert_checkpoint").main(["import", str(src), str(tmp_path / "out")]) == 2
     assert capsys.readouterr().err == (f"convert_checkpoint: {src / 'model.safetensors'}: not a whole safetensors "
-                                       "file (Error while deserializing header: header too large)\n")
+                                       "file (SafetensorError: Error while deserializing header: header too large)\n")
