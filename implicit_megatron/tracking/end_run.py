@@ -16,21 +16,29 @@ from pathlib import Path
 
 import yaml
 
-from implicit_megatron.tracking.tracker import RUN_CONFIG, RUN_ID_FILE, STORE
+from implicit_megatron.tracking.tracker import RUN_CONFIG, RUN_ID_FILE, STORE, store_problem
 
 STATUSES = ("KILLED", "FAILED", "FINISHED")
 
 
-def end_run(folder: Path, status: str) -> str:
-    """What was done, in words."""
+def end_run(folder: Path, status: str, uri: str | None = None) -> str:
+    """What was done, in words. `uri`: the store the launch itself tracks into (a rank passes it);
+    None: the one the folder's saved config names (pretrain.sh, after the ranks are gone). A local
+    store that is a link, a FIFO or no store is not opened."""
     id_file = folder / RUN_ID_FILE
     if not id_file.is_file():
         return f"no MLflow run recorded in {folder}"
-    saved = folder / RUN_CONFIG
-    tracking = ((yaml.safe_load(saved.read_text()) if saved.is_file() else None) or {}).get("tracking") or {}
-    uri = tracking.get("uri") or f"sqlite:///{folder / STORE}"
-    if not tracking.get("uri") and not (folder / STORE).is_file():
-        return f"no MLflow store in {folder}"
+    local = f"sqlite:///{folder / STORE}"
+    if uri is None:
+        saved = folder / RUN_CONFIG
+        tracking = ((yaml.safe_load(saved.read_text()) if saved.is_file() else None) or {}).get("tracking") or {}
+        uri = tracking.get("uri") or local
+    if uri == local:
+        if not os.path.lexists(folder / STORE):
+            return f"no MLflow store in {folder}"
+        problem = store_problem(folder / STORE)
+        if problem:
+            return f"the MLflow store {folder / STORE} is not used ({problem})"
     os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
     from mlflow import MlflowClient
 

@@ -83,7 +83,7 @@ def _run(args, seen_output) -> int:
         return 2
     seen_output(cfg.output_dir)
     if "LOCAL_RANK" in os.environ:  # started by a launcher: end with it (a kill -9 leaves no one to stop us)
-        _exit_with_launcher(os.getppid(), cfg.output_dir if first and cfg.tracking.enabled else None)
+        _exit_with_launcher(os.getppid(), _tracked_run(cfg) if first else None)
     if "RANK" not in os.environ:  # a plain `python -m` run: a world of one process, on a free port
         os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
                           MASTER_PORT=os.environ.get("MASTER_PORT") or str(free_port()))
@@ -126,17 +126,30 @@ def _run(args, seen_output) -> int:
     return 0
 
 
-def _exit_with_launcher(launcher: int, tracked_run: str | None) -> None:
+def _tracked_run(cfg) -> tuple[str, str] | None:
+    """(run folder, MLflow store) of this launch, as the tracker will open them (the config's store,
+    else MLflow's environment variable, else the folder's own); None when it does not track. Taken
+    from this launch's config, never from what the folder holds from before (a folder received
+    from someone could name a server of theirs)."""
+    if not cfg.tracking.enabled:
+        return None
+    from implicit_megatron.tracking.tracker import STORE
+
+    folder = Path(cfg.output_dir).resolve()
+    return str(folder), cfg.tracking.uri or os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{folder / STORE}"
+
+
+def _exit_with_launcher(launcher: int, tracked_run: tuple[str, str] | None) -> None:
     """torchrun and the DeepSpeed launcher start ranks in sessions of their own, and launch/pretrain.sh
     starts the launcher in one of its own, so a kill -9 of the launch's process group leaves them
     training. Watchers end this rank once its launcher, or the pretrain.sh that started it on this
     host, is gone, as preprocessing's workers do (the run lock of a dead rank is taken over by the
-    next launch); rank 0 first records its MLflow run (of the folder `tracked_run`) as KILLED."""
+    next launch); rank 0 first records its MLflow run (`tracked_run`: folder and store) as KILLED."""
     import socket
 
     from data_pipeline.processes import exit_when_gone
 
-    last = functools.partial(_record_killed, tracked_run) if tracked_run is not None else None
+    last = functools.partial(_record_killed, *tracked_run) if tracked_run is not None else None
     exit_when_gone(launcher, message=f"[train] the launcher of this rank (process {launcher}) is gone; exiting",
                    before_exit=last)
     script = os.environ.get("IMPLICIT_MEGATRON_LAUNCH_PID")
@@ -145,10 +158,10 @@ def _exit_with_launcher(launcher: int, tracked_run: str | None) -> None:
                        before_exit=last)
 
 
-def _record_killed(run_dir: str) -> None:
+def _record_killed(run_dir: str, uri: str) -> None:
     from implicit_megatron.tracking.end_run import end_run
 
-    print(f"[train] {end_run(Path(run_dir), 'KILLED')}", file=sys.stderr, flush=True)
+    print(f"[train] {end_run(Path(run_dir), 'KILLED', uri)}", file=sys.stderr, flush=True)
 
 
 def _leave_process_group() -> None:

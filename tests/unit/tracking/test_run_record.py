@@ -176,3 +176,23 @@ def test_end_run_records_a_killed_launch_once(tmp_path, shakespeare_shards):
     assert the_run(tmp_path)[1].info.status == "KILLED"
     again = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert again.returncode == 0 and "had ended already" in again.stderr
+
+
+def test_a_rank_ends_the_run_in_its_own_store_never_where_the_folder_says(tmp_path, shakespeare_shards):
+    """A rank whose launcher is gone records KILLED in the store it tracks into (passed by the launch),
+    not the one a saved config from before names (a received folder could name a server of theirs);
+    a store that is a link is not opened."""
+    from implicit_megatron.tracking.end_run import end_run
+
+    cfg = config(tmp_path, shakespeare_shards)
+    tracker = Tracker(cfg, active=True)
+    tracker.begin(0)
+    (tmp_path / "config.yaml").write_text("tracking:\n  uri: http://sender.example:5000\n")
+    assert end_run(tmp_path, "KILLED", f"sqlite:///{tmp_path / STORE}").endswith("recorded as KILLED")
+    assert the_run(tmp_path)[1].info.status == "KILLED"
+    other = tmp_path / "elsewhere"
+    other.mkdir()
+    (tmp_path / STORE).rename(other / STORE)
+    (tmp_path / STORE).symlink_to(other / STORE)
+    assert end_run(tmp_path, "FAILED", f"sqlite:///{tmp_path / STORE}") == (
+        f"the MLflow store {tmp_path / STORE} is not used (it is a symbolic link)")
