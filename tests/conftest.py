@@ -166,5 +166,5 @@ def tiny_run(shakespeare_shards, tmp_path_factory):
     from support.tiny_model import TinyRun, train_tiny
 
     trained = built_once(tmp_path_factory, "tiny-eval-model", lambda folder: train_tiny(folder, shakespeare_shards))
-    own = Path(shutil.copytree(trained, tmp_path_factory.getbasetemp() / "tiny-eval-model"))
+    own = Path(shutil.copytree(trained, tmp_path_factory.mktemp("tiny-eval-copy"), dirs_exist_ok=True))
     return TinyRun(own / "export", own / "run")

@@ -3,9 +3,10 @@
 An exported folder holds `model.safetensors` (float32 or bfloat16; weight normalisation folded
 into plain weights; the tied head stored once, as the embedding), `config.json` (the resolved
 run config under `implicit_megatron`, with the fields transformers reads), the tokenizer file
-the run used, and `modeling_implicit_megatron.py` (hf/remote_code.py), through which transformers'
-AutoModelForCausalLM loads the folder with trust_remote_code=True where the package is installed
-but not imported (imported, it registers its classes: hf/auto.py). config.json also holds what
+the run used, and `modeling_implicit_megatron.py` with the package's modules it needs
+(hf/remote_code.py), through which transformers' AutoModelForCausalLM loads the folder with
+trust_remote_code=True in a Python without the package (imported, the package registers its
+classes: hf/auto.py, and none of the folder's code runs). config.json also holds what
 transformers' `generate` reads there: the end-of-document token (bos, eos and pad, so that it
 stops where tools/generate.py stops) and the padding rows of the vocabulary as `suppress_tokens`
 (tools/generate.py samples from the real vocabulary only).
@@ -17,7 +18,7 @@ import json
 import os
 import shutil
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import torch
 
@@ -26,17 +27,16 @@ from implicit_megatron.checkpoints.consolidate import consolidated_weights
 from implicit_megatron.checkpoints.integrity import require_complete
 from implicit_megatron.checkpoints.layout import find_checkpoint, model_states_file, read_client_state, saved_layout
 from implicit_megatron.config import Config
+from implicit_megatron.config.saved import checked_eval_stop, config_from_dict
+from implicit_megatron.hf.remote_code import AUTO_MAP, write_remote_code
 from implicit_megatron.models.lm import LanguageModel
 from implicit_megatron.utils.json_config import read_json_config
-from implicit_megatron.utils.typed_yaml import build_dataclass
 from implicit_megatron.utils.whole_folder import written_whole
 
-MODEL_FILE, CONFIG_FILE, MODELING_FILE = "model.safetensors", "config.json", "modeling_implicit_megatron.py"
+MODEL_FILE, CONFIG_FILE = "model.safetensors", "config.json"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model")  # write_tokenizer writes one: byte-level BPE, sentencepiece
 CONFIG_KEY = "implicit_megatron"
 REPOSITORY = Path(__file__).resolve().parents[2]
-AUTO_MAP = {"AutoConfig": "modeling_implicit_megatron.ImplicitMegatronConfig",  # classes of MODELING_FILE
-            "AutoModelForCausalLM": "modeling_implicit_megatron.ImplicitMegatronForCausalLM"}
 
 
 def write_folder(out: Path, model: LanguageModel, cfg: Config, dtype: torch.dtype) -> Path:
@@ -61,7 +61,7 @@ def _write_files(out: Path, model: LanguageModel, cfg: Config, dtype: torch.dtyp
           "eval_stop": "token",  # each row's result is its own (hf/config.py); a client may name "batch"
           CONFIG_KEY: portable(run_config(cfg))}
     (out / CONFIG_FILE).write_text(json.dumps(hf, indent=2))
-    write_modeling_file(out)
+    write_remote_code(out)  # last: a folder with its code is whole (utils.whole_folder)
 
 
 def run_config(cfg: Config) -> dict:
@@ -72,11 +72,6 @@ def run_config(cfg: Config) -> dict:
     data = cfg.to_dict()
     data["implicit"].update({key: getattr(cfg.implicit, key) for key in PHASE_SOLVER_KEYS})
     return data
-
-
-def write_modeling_file(out: Path) -> None:
-    """The file config.json's AUTO_MAP names: hf/remote_code.py, which imports the installed classes."""
-    shutil.copy(Path(__file__).with_name("remote_code.py"), out / MODELING_FILE)
 
 
 def model_fields(cfg: Config) -> dict:
@@ -193,30 +188,6 @@ def read_folder_config(folder: Path) -> Config:
                          "tools/convert_checkpoint.py")
     cfg = config_from_dict(data[CONFIG_KEY], str(folder / CONFIG_FILE))
     cfg.implicit.eval_stop = checked_eval_stop(data.get("eval_stop", "token"), str(folder / CONFIG_FILE))
-    return cfg
-
-
-def checked_eval_stop(value, source: str) -> Literal["token", "sequence", "batch"]:
-    """An exported model's stop rule outside training: its config's top-level `eval_stop` (the run
-    config inside records how the run validated, and folders exported before this field existed hold
-    the old default there), "token" unless a client names another rule."""
-    from implicit_megatron.config.schema import EVAL_STOPS
-
-    if value not in EVAL_STOPS:
-        raise ValueError(f"{source}: eval_stop must be one of {', '.join(EVAL_STOPS)}, not {value!r}")
-    return value
-
-
-RETIRED_KEYS = {("train", "eval_iters")}  # saved by earlier versions; validation now reads train.eval_samples
-
-
-def config_from_dict(data: dict, source: str) -> Config:
-    """The config a checkpoint or folder saved; keys earlier versions wrote and this one retired are
-    dropped, so that their checkpoints still export, evaluate and resume."""
-    data = {section: ({k: v for k, v in values.items() if (section, k) not in RETIRED_KEYS}
-                      if isinstance(values, dict) else values) for section, values in data.items()}
-    cfg = build_dataclass(Config, data, {k: source for k in data})
-    cfg.source = source
     return cfg
 
 

@@ -17,7 +17,7 @@ import importlib.util
 import sys
 
 OLD_MODULES = {  # old module -> {name it offered: the module that holds it now}
-    "implicit_megatron.export": {"config_from_dict": "implicit_megatron.hf.export"},
+    "implicit_megatron.export": {"config_from_dict": "implicit_megatron.config.saved"},
     "implicit_megatron.hf_cache": {"SequentialState": "implicit_megatron.hf.generation_state",
                                    "refuse_padding": "implicit_megatron.hf.generation_state"},
 }

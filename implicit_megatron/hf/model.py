@@ -6,9 +6,9 @@ Registered with them when the package is imported (hf/auto.py), so that after `i
 
 builds the same LanguageModel that `implicit_megatron.from_pretrained` builds, without running any
 code of the folder. An exported folder also names these classes in config.json's `auto_map`,
-through its `modeling_implicit_megatron.py` (hf/remote_code.py), for `trust_remote_code=True`
-where the package is installed but not imported. The wrapper registers the LanguageModel's own
-submodules, so the state-dict keys are those of model.safetensors.
+through its `modeling_implicit_megatron.py` and its own copy of this module and what it imports
+(hf/remote_code.py), for `trust_remote_code=True` in a Python without the package. The wrapper
+registers the LanguageModel's own submodules, so the state-dict keys are those of model.safetensors.
 
 A plain forward is the LanguageModel's (simultaneous mode: the whole sequence solved at once).
 `generate` runs sequential mode instead, as tools/generate.py does: the prompt token by token,
@@ -43,7 +43,7 @@ class ImplicitMegatronForCausalLM(PreTrainedModel, GenerationMixin):
     def __init__(self, config: ImplicitMegatronConfig):
         super().__init__(config)
         from implicit_megatron.builder import build_model
-        from implicit_megatron.hf.export import checked_eval_stop, config_from_dict
+        from implicit_megatron.config.saved import checked_eval_stop, config_from_dict
 
         cfg = config_from_dict(config.implicit_megatron, "config.json")
         cfg.implicit.eval_stop = checked_eval_stop(config.eval_stop, "config.json")
@@ -54,9 +54,9 @@ class ImplicitMegatronForCausalLM(PreTrainedModel, GenerationMixin):
         self.post_init()
 
     def save_pretrained(self, save_directory, *args, **kwargs) -> None:
-        """transformers' save, with the modeling file that exports carry (remote_code.py) instead of a
-        copy of this module, which would break when the package changes: the folder loads as an export."""
-        from implicit_megatron.hf.export import AUTO_MAP, write_modeling_file
+        """transformers' save, with the code that exports carry (hf/remote_code.py) instead of this
+        module alone, which imports the rest of the package: the folder loads as an export."""
+        from implicit_megatron.hf.remote_code import AUTO_MAP, write_remote_code
 
         classes = (type(self), type(self.config))
         own = {cls: cls.__dict__["_auto_class"] for cls in classes if "_auto_class" in cls.__dict__}
@@ -71,7 +71,7 @@ class ImplicitMegatronForCausalLM(PreTrainedModel, GenerationMixin):
                     cls._auto_class = own[cls]
                 else:
                     del cls._auto_class
-        write_modeling_file(Path(save_directory))
+        write_remote_code(Path(save_directory))
 
     def _init_weights(self, module) -> None:
         """Our modules initialise themselves; loading overwrites every tensor anyway."""

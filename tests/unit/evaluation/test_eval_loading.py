@@ -30,7 +30,7 @@ def test_checkpoint_folder_and_export_give_the_same_model(tiny_run):
 
 
 def test_a_checkpoint_saved_with_a_retired_key_still_loads(tmp_path):
-    from implicit_megatron.hf.export import config_from_dict
+    from implicit_megatron.config.saved import config_from_dict
 
     saved = load_config(ROOT / "configs/tiny/mamba2-implicit.yaml", check_files=False).to_dict()
     saved["train"]["eval_iters"] = 10  # written by earlier versions

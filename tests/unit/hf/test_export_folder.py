@@ -12,17 +12,18 @@ import torch
 from support.processes import ROOT
 
 from implicit_megatron import build_model, from_pretrained, load_config
-from implicit_megatron.hf.export import CONFIG_FILE, MODEL_FILE, MODELING_FILE, write_folder
+from implicit_megatron.hf.export import CONFIG_FILE, MODEL_FILE, write_folder
+from implicit_megatron.hf.remote_code import MODELING_FILE
 
 KILLED_WHILE_WRITING = """
 import os, sys, torch
 from implicit_megatron import build_model, load_config
 from implicit_megatron.hf import export
 
-def killed(out):  # the modeling file is written last: die as kill -9 would, just before it
+def killed(out):  # the code is written last: die as kill -9 would, just before it
     os._exit(137)
 
-export.write_modeling_file = killed
+export.write_remote_code = killed
 cfg = load_config("configs/tiny/mamba2-explicit.yaml", check_files=False)
 export.write_folder(export.Path(sys.argv[1]), build_model(cfg), cfg, torch.float32)
 """

@@ -149,14 +149,15 @@ def test_a_sentencepiece_export_tokenizes_as_the_run_did(exports, tmp_path, mode
 
     from data_pipeline.tokenizer import load_tokenizer
     from data_pipeline.train_tokenizer import train_sentencepiece
-    from implicit_megatron.hf.export import CONFIG_FILE, MODELING_FILE, write_tokenizer
+    from implicit_megatron.hf.export import CONFIG_FILE, write_tokenizer
 
     texts = [f"ROMEO: line {i}, but soft what light through yonder window breaks" for i in range(200)]
     model = train_sentencepiece(iter(texts), 400, str(tmp_path / "sp.model"), model_type)
     folder = tmp_path / "export"
     folder.mkdir()
-    for name in (CONFIG_FILE, MODELING_FILE):
-        shutil.copy(exports["llama-explicit"] / name, folder / name)
+    for path in exports["llama-explicit"].iterdir():
+        if path.name == CONFIG_FILE or path.suffix == ".py":
+            shutil.copy(path, folder / path.name)
     eod = write_tokenizer(Path(model), folder)
     tokenizer = AutoTokenizer.from_pretrained(folder)
     ours = load_tokenizer(model)
@@ -201,12 +202,12 @@ def test_a_folder_exported_by_an_earlier_version_loads_and_generates_the_same(na
     import subprocess
     import sys
 
-    from implicit_megatron.hf.export import MODELING_FILE
+    from implicit_megatron.hf.remote_code import MODELING_FILE
 
     old = shutil.copytree(exports[name], tmp_path / "old")
     shutil.copy(ROOT / "tests/fixtures/old_export" / MODELING_FILE, old / MODELING_FILE)
     assert "from implicit_megatron.hf_cache import" in (old / MODELING_FILE).read_text()
-    assert (exports[name] / MODELING_FILE).read_text() == (ROOT / "implicit_megatron/hf/remote_code.py").read_text()
+    assert "from implicit_megatron" not in (exports[name] / MODELING_FILE).read_text()
     tokenizer, now = load(exports[name])
     _, before = load(old)
     assert type(before) is type(now)  # the installed class, not the folder's copy
@@ -223,16 +224,17 @@ def test_a_folder_exported_by_an_earlier_version_loads_and_generates_the_same(na
 
 
 def test_save_pretrained_writes_what_an_export_carries(exports, tmp_path):
-    """A model loaded through the Auto classes saves the modeling file of exports (not a copy of the
-    package's module), and the folder loads in transformers and in implicit_megatron alike."""
+    """A model loaded through the Auto classes saves the code exports carry (not the package's module
+    alone, which imports the package), and the folder loads in transformers and in implicit_megatron alike."""
     from implicit_megatron import from_pretrained
-    from implicit_megatron.hf.export import AUTO_MAP, CONFIG_FILE, MODELING_FILE
+    from implicit_megatron.hf.export import CONFIG_FILE
+    from implicit_megatron.hf.remote_code import AUTO_MAP
 
     _, hf = load(exports["mamba2-implicit"])
     hf.save_pretrained(tmp_path / "saved")
     saved = tmp_path / "saved"
-    assert sorted(p.name for p in saved.glob("*.py")) == [MODELING_FILE]
-    assert (saved / MODELING_FILE).read_text() == (exports["mamba2-implicit"] / MODELING_FILE).read_text()
+    code = {p.name: p.read_text() for p in exports["mamba2-implicit"].glob("*.py")}
+    assert {p.name: p.read_text() for p in saved.glob("*.py")} == code
     assert json.loads((saved / CONFIG_FILE).read_text())["auto_map"] == AUTO_MAP
     assert "_auto_class" not in type(hf).__dict__  # left as loading left it (the registered class: unset)
     ids = torch.tensor([[5, 9, 2, 7]])
