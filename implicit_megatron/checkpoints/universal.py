@@ -37,6 +37,7 @@ from implicit_megatron.checkpoints.layout import (
 )
 from implicit_megatron.errors import RunRefused
 from implicit_megatron.utils.lean_imports import import_deepspeed
+from implicit_megatron.utils.own_files import STAGING_SUFFIX
 from implicit_megatron.utils.safe_write import remove_leftover
 
 
@@ -74,7 +75,7 @@ def to_universal(path: Path, workers: int = 2, log=None) -> Path:
 def _convert(path: Path, out: Path, workers: int) -> None:
     """deepspeed.checkpoint.ds_to_universal from `path` into `out`, made loadable by every stage.
     It reads the tag's own files only, weights-only (see the module docstring)."""
-    staged = path.parent / f".{path.name}.conversion-input"
+    staged = path.parent / f".{path.name}{STAGING_SUFFIX}"
     remove_leftover(staged)
     try:
         _stage_own_files(path, staged)

@@ -1,11 +1,12 @@
 """A run folder from someone else runs no code and steers no write outside itself, read by the tools
 and the trainer as users run them. The run: the tiny implicit Mamba2 in the paper's layout (bf16,
-ZeRO-1: DeepSpeed's BF16_Optimizer) on two processes, trained once for this module; each test
+ZeRO-1: DeepSpeed's BF16_Optimizer) on two processes, trained once per test run; each test
 works on a copy. Every payload only writes a marker file."""
 
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -15,6 +16,7 @@ import pytest
 import torch
 from support.payloads import WritesMarker
 from support.processes import ROOT, child_env, run_torchrun
+from support.shared import built_once
 
 TINY = "configs/tiny/mamba2-implicit.yaml"
 TAG = "free-step3"
@@ -32,13 +34,17 @@ def settings(shards: str, out: Path, *extra: str) -> list[str]:
             "schedule.warmup_steps=1", *extra]
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def trained(shakespeare_shards, tmp_path_factory) -> Path:
-    run = tmp_path_factory.mktemp("received") / "run"
-    result = run_torchrun("-m", "implicit_megatron.train", TINY, *settings(shakespeare_shards, run, "train.steps=3"))
-    assert result.returncode == 0, result.stdout[-3000:]
-    assert (run / "checkpoints" / "latest").read_text().strip() == TAG
-    return run
+    """Trained once per test run, whichever worker asks first (support.shared); tests copy it."""
+
+    def train(run: Path) -> None:
+        steps = settings(shakespeare_shards, run, "train.steps=3")
+        result = run_torchrun("-m", "implicit_megatron.train", TINY, *steps)
+        assert result.returncode == 0, result.stdout[-3000:]
+        assert (run / "checkpoints" / "latest").read_text().strip() == TAG
+
+    return built_once(tmp_path_factory, "received-run", train)
 
 
 @pytest.fixture
@@ -126,6 +132,24 @@ def test_a_link_in_a_run_folder_is_refused_before_the_run_writes_through_it(entr
     checked = subprocess.run([sys.executable, "-m", "implicit_megatron.train.process.run_lock", str(run)], cwd=ROOT,
                              capture_output=True, text=True)  # launch/pretrain.sh's check, before any process
     assert checked.returncode == 2 and f"{run / entry} is a symbolic link" in checked.stderr
+
+
+@pytest.mark.parametrize("entry", ["metrics.jsonl", "checkpoints/latest"])
+def test_a_hard_linked_file_in_a_run_folder_is_refused_before_the_run_writes_through_it(entry, run, tmp_path,
+                                                                                       shakespeare_shards):
+    """A run folder copied with `cp -al` shares its files' data with the original: appending to
+    metrics.jsonl or rewriting `latest` in place would change the other run's."""
+    other = tmp_path / "other-run"
+    other.mkdir()
+    os.link(run / entry, other / Path(entry).name)
+    before = (other / Path(entry).name).read_bytes()
+    resumed = train(*settings(shakespeare_shards, run, *ONE_MORE_STEP))  # a resume that trains and saves
+    assert resumed.returncode == 2 and f"{run / entry} is hard-linked" in resumed.stderr, resumed.stderr[-3000:]
+    assert "cp -a (not -l)" in resumed.stderr
+    assert (other / Path(entry).name).read_bytes() == before
+    checked = subprocess.run([sys.executable, "-m", "implicit_megatron.train.process.run_lock", str(run)], cwd=ROOT,
+                             capture_output=True, text=True)  # launch/pretrain.sh's check, before any process
+    assert checked.returncode == 2 and f"{run / entry} is hard-linked" in checked.stderr
 
 
 def test_a_tag_name_that_leaves_its_checkpoints_folder_is_refused(run, trained, tmp_path):

@@ -187,6 +187,11 @@ BREAKS = [
           "    inside = foreign_entry_inside",
           ("tests/unit/evaluation/test_received_outputs.py",),
           "a received export's evaluation/ folder (or a results file) as a link is written through"),
+    Break("run-folder-hard-links", "implicit_megatron/train/process/run_lock.py",
+          "    found = foreign_entry_inside(Path(output_dir), hard_links=True)",
+          "    found = foreign_entry_inside(Path(output_dir))",
+          ("tests/e2e/test_received_files.py::test_a_hard_linked_file_in_a_run_folder_is_refused_before_the_run_writes_"
+           "through_it",), "a run folder copied with cp -al appends to the other run's metrics.jsonl"),
 ]
 
 

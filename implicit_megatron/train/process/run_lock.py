@@ -41,9 +41,12 @@ def not_its_own(output_dir: str | Path) -> str | None:
     """Why the folder is not a run's own (None: it is): a link inside it (a file or `checkpoints/` of
     a folder copied from elsewhere) would make the run write through it, into another run's
     checkpoints or a file outside, where this lock protects nothing."""
-    found = foreign_entry_inside(Path(output_dir))
+    found = foreign_entry_inside(Path(output_dir), hard_links=True)
     if found is None:
         return None
+    if "is hard-linked" in found:
+        return (f"{found}: a run folder holds its own files only, and this run would write through it; copy the "
+                "run folder with cp -a (not -l) to train on from another run's files")
     return (f"{found}: a run folder holds its own files only, and this run would write through it; replace it "
             "with the file or folder it points to (to keep a run on another disk, link the whole run folder, "
             "train.output_dir, instead)")

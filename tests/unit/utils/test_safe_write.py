@@ -54,3 +54,26 @@ def test_the_run_folder_may_be_a_link_but_hold_none(tmp_path):
     assert foreign_entry_inside(tmp_path / "run") is None
     (real / "checkpoints" / "zero_to_fp32.py").symlink_to(tmp_path / "elsewhere.py")
     assert "checkpoints/zero_to_fp32.py is a symbolic link" in foreign_entry_inside(tmp_path / "run")
+
+
+def test_a_hard_linked_file_is_foreign_to_a_run_folder_except_in_a_conversions_staging(tmp_path):
+    import os
+
+    run = tmp_path / "run"
+    (run / "checkpoints" / ".step4.conversion-input").mkdir(parents=True)
+    (run / "checkpoints" / "step4").mkdir()
+    (run / "checkpoints" / "step4" / "mp_rank_00_model_states.pt").write_bytes(b"x")
+    os.link(run / "checkpoints" / "step4" / "mp_rank_00_model_states.pt",
+            run / "checkpoints" / ".step4.conversion-input" / "mp_rank_00_model_states.pt")
+    assert foreign_entry_inside(run) is None  # symbolic links and the like only, by default
+    found = foreign_entry_inside(run, hard_links=True)
+    assert found and "step4/mp_rank_00_model_states.pt is hard-linked (its data has 2 names" in found
+    assert ".conversion-input" not in found
+    (run / "checkpoints" / "step4" / "mp_rank_00_model_states.pt").unlink()
+    assert foreign_entry_inside(run, hard_links=True) is None
+    (run / "metrics.jsonl").write_text("{}\n")
+    os.link(run / "metrics.jsonl", tmp_path / "elsewhere.jsonl")
+    assert "run/metrics.jsonl is hard-linked" in foreign_entry_inside(run, hard_links=True)
+    (run / "metrics.jsonl").unlink()
+    os.mkfifo(run / "metrics.jsonl")  # a file of the run folder itself, not below a subfolder
+    assert "run/metrics.jsonl is not a plain file or folder" in foreign_entry_inside(run)
