@@ -98,7 +98,10 @@ else
 fi
 
 # Refuse a bad config here, before any process starts.
-outdir="$("$PYTHON" -m implicit_megatron.config "$config" "$@" --world-size "$world" --get output_dir)"
+# Its output folder and tracking store: this launch's, never what a config saved in the folder says.
+resolved="$("$PYTHON" -m implicit_megatron.config "$config" "$@" --world-size "$world" --get output_dir \
+  --get tracking.uri)"
+{ IFS= read -r outdir; IFS= read -r tracking_uri; } <<< "$resolved"
 # One run per output folder: refuse here, before this launch writes into it (rank 0 takes the lock).
 "$PYTHON" -m implicit_megatron.train.process.run_lock "$outdir"
 
@@ -131,7 +134,7 @@ interrupted() {
   kill -KILL -- "-$child" 2>/dev/null || true
   echo "pretrain.sh: stopped at once by a second Ctrl-C: what was trained since the last checkpoint is lost" >&2
   trap '' INT  # the ranks could not record their end in MLflow: it is recorded here, once
-  "$PYTHON" -m implicit_megatron.tracking.end_run "$outdir" KILLED || true
+  "$PYTHON" -m implicit_megatron.tracking.end_run "$outdir" KILLED "$tracking_uri" || true
   exit 130
 }
 launch() {

@@ -26,7 +26,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("overrides", nargs="*", help="optional dotted overrides, e.g. train.micro_batch_size=4")
     parser.add_argument("--world-size", type=int, default=None, help="data-parallel size to check batches for")
     parser.add_argument("--no-file-checks", action="store_true", help="do not open the tokenizer")
-    parser.add_argument("--get", metavar="KEY", help="print one resolved value (e.g. train.output_dir) instead")
+    parser.add_argument("--get", metavar="KEY", action="append",
+                        help="print a resolved value (e.g. train.output_dir) instead, one line each (repeatable)")
     dashed = dashed_override(sys.argv[1:] if argv is None else argv)
     if dashed:
         print(f"python -m implicit_megatron.config: error: {dashed}", file=sys.stderr)
@@ -50,13 +51,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"note: {note}", file=sys.stderr)
     if args.get:
         for cfg in configs:
-            value = cfg
-            for part in args.get.split("."):
-                if not hasattr(value, part):
-                    print(f"config error: no key {args.get!r}", file=sys.stderr)
-                    return 2
-                value = getattr(value, part)
-            print(value)
+            for key in args.get:
+                value = cfg
+                for part in key.split("."):
+                    if not hasattr(value, part):
+                        print(f"config error: no key {key!r}", file=sys.stderr)
+                        return 2
+                    value = getattr(value, part)
+                print(value)
         return 0
     for i, cfg in enumerate(configs):
         if cfg.curriculum.run_phase is not None and len(configs) > 1:

@@ -1,11 +1,13 @@
 """Record the end of a run's MLflow run where its ranks could not: `launch/pretrain.sh` runs
 
-    python -m implicit_megatron.tracking.end_run RUN_DIR KILLED
+    python -m implicit_megatron.tracking.end_run RUN_DIR KILLED [TRACKING_URI]
 
-after a second Ctrl-C has killed the ranks at once. The run that RUN_DIR's `mlflow_run_id` names, in
-the store its saved config.yaml names (else its own mlflow.db), is set to the status if it is still
-RUNNING; anything missing or unreachable is one line on stderr and exit 0: the launch's own
-outcome is what counts.
+after a second Ctrl-C has killed the ranks at once, with the tracking.uri of the config it launched
+(none: the folder's own mlflow.db). The run that RUN_DIR's `mlflow_run_id` names, in that store, is
+set to the status if it is still RUNNING; anything missing or unreachable is one line on stderr and
+exit 0: the launch's own outcome is what counts. The folder's saved config.yaml is never read for
+the store: it may be a received folder's (a launch killed before its ranks wrote their own), naming
+a store or a server of the sender's.
 """
 
 from __future__ import annotations
@@ -14,25 +16,20 @@ import os
 import sys
 from pathlib import Path
 
-import yaml
-
-from implicit_megatron.tracking.tracker import RUN_CONFIG, RUN_ID_FILE, STORE, store_problem
+from implicit_megatron.tracking.tracker import RUN_ID_FILE, STORE, store_problem
 
 STATUSES = ("KILLED", "FAILED", "FINISHED")
 
 
 def end_run(folder: Path, status: str, uri: str | None = None) -> str:
-    """What was done, in words. `uri`: the store the launch itself tracks into (a rank passes it);
-    None: the one the folder's saved config names (pretrain.sh, after the ranks are gone). A local
-    store that is a link, a FIFO or no store is not opened."""
+    """What was done, in words. `uri`: the store the launch itself tracks into (its config's
+    tracking.uri); None: the folder's own mlflow.db. A local store that is a link, a FIFO or no
+    store is not opened."""
     id_file = folder / RUN_ID_FILE
     if not id_file.is_file():
         return f"no MLflow run recorded in {folder}"
     local = f"sqlite:///{folder / STORE}"
-    if uri is None:
-        saved = folder / RUN_CONFIG
-        tracking = ((yaml.safe_load(saved.read_text()) if saved.is_file() else None) or {}).get("tracking") or {}
-        uri = tracking.get("uri") or local
+    uri = uri or local
     if uri == local:
         if not os.path.lexists(folder / STORE):
             return f"no MLflow store in {folder}"
@@ -51,11 +48,13 @@ def end_run(folder: Path, status: str, uri: str | None = None) -> str:
 
 
 def main(argv: list[str]) -> int:
-    if len(argv) != 2 or argv[1] not in STATUSES:
-        print(f"usage: python -m implicit_megatron.tracking.end_run RUN_DIR {{{','.join(STATUSES)}}}", file=sys.stderr)
+    if len(argv) not in (2, 3) or argv[1] not in STATUSES:
+        print(f"usage: python -m implicit_megatron.tracking.end_run RUN_DIR {{{','.join(STATUSES)}}} [TRACKING_URI]",
+              file=sys.stderr)
         return 2
+    uri = argv[2] if len(argv) == 3 and argv[2] not in ("", "None") else None  # None: config --get's "no uri"
     try:
-        print(f"end_run: {end_run(Path(argv[0]).resolve(), argv[1])}", file=sys.stderr)
+        print(f"end_run: {end_run(Path(argv[0]).resolve(), argv[1], uri)}", file=sys.stderr)
     except Exception as err:  # noqa: BLE001 - the launch has ended already; say why the record could not be made
         print(f"end_run: the MLflow run's end was not recorded ({type(err).__name__}: {err})", file=sys.stderr)
     return 0

@@ -235,9 +235,9 @@ def test_cli_prints_config_or_exits_2():
     assert ok.returncode == 0 and "steps: 70" in ok.stdout
     bad = subprocess.run([*cmd, "configs/quickstart.yaml", "train.stepz=7"], cwd=ROOT, capture_output=True, text=True)
     assert bad.returncode == 2 and "train.stepz" in bad.stderr and "command line" in bad.stderr
-    got = subprocess.run([*cmd, "configs/quickstart.yaml", "--get", "output_dir"], cwd=ROOT, capture_output=True,
-                         text=True)
-    assert got.returncode == 0 and got.stdout.strip() == "runs/quickstart"  # what launch/pretrain.sh reads
+    got = subprocess.run([*cmd, "configs/quickstart.yaml", "tracking.uri=http://ours:5000", "--get", "output_dir",
+                          "--get", "tracking.uri"], cwd=ROOT, capture_output=True, text=True)
+    assert got.returncode == 0 and got.stdout == "runs/quickstart\nhttp://ours:5000\n"  # what launch/pretrain.sh reads
     bare = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
     assert bare.returncode == 2 and "a config file is required" in bare.stderr
     assert "overrides are optional" in bare.stderr and "config, overrides" not in bare.stderr

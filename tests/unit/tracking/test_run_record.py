@@ -161,7 +161,9 @@ def test_no_system_metrics_unless_asked(tmp_path, shakespeare_shards, monkeypatc
 
 
 def test_end_run_records_a_killed_launch_once(tmp_path, shakespeare_shards):
-    """What pretrain.sh runs after a second Ctrl-C killed the ranks before they could record it."""
+    """What pretrain.sh runs after a second Ctrl-C killed the ranks before they could record it: in
+    the store of the config it launched (here none: the folder's own), never the one a config.yaml
+    left in the folder names (a received folder's, when the ranks died before writing theirs)."""
     import subprocess
     import sys
 
@@ -170,10 +172,12 @@ def test_end_run_records_a_killed_launch_once(tmp_path, shakespeare_shards):
     tracker.begin(0)
     tracker.log({"train/loss": 1.0}, 1)  # then the ranks are killed: no finish()
     assert the_run(tmp_path)[1].info.status == "RUNNING"
-    command = [sys.executable, "-m", "implicit_megatron.tracking.end_run", str(tmp_path), "KILLED"]
+    outside = tmp_path.parent / f"{tmp_path.name}-sender.db"
+    (tmp_path / "config.yaml").write_text(f"tracking:\n  uri: sqlite:///{outside}\n")
+    command = [sys.executable, "-m", "implicit_megatron.tracking.end_run", str(tmp_path), "KILLED", "None"]
     first = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=120)
-    assert first.returncode == 0 and "recorded as KILLED" in first.stderr
-    assert the_run(tmp_path)[1].info.status == "KILLED"
+    assert first.returncode == 0 and "recorded as KILLED" in first.stderr, first.stderr
+    assert the_run(tmp_path)[1].info.status == "KILLED" and not outside.exists()
     again = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert again.returncode == 0 and "had ended already" in again.stderr
 
