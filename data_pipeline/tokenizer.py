@@ -79,10 +79,7 @@ def load_tokenizer(path: str | Path, eod_token: str | None = None) -> Tokenizer:
 def _hf(path: Path, eod_token: str | None) -> Tokenizer:
     from tokenizers import Tokenizer as HFTokenizer
 
-    try:
-        raw = lzma.decompress(path.read_bytes()) if path.suffix == ".xz" else path.read_bytes()
-    except (lzma.LZMAError, EOFError) as err:  # cut short (an interrupted copy), or not xz at all
-        raise ValueError(f"{path}: not a whole .xz file ({err}); copy the tokenizer again") from None
+    raw = _tokenizer_bytes(path)
     try:
         backend = HFTokenizer.from_str(raw.decode("utf-8"))
     except Exception as err:  # tokenizers raises a bare Exception on malformed files
@@ -90,6 +87,29 @@ def _hf(path: Path, eod_token: str | None) -> Tokenizer:
     tok = Tokenizer(backend, "hf", backend.get_vocab_size(with_added_tokens=True), -1, str(path))
     tok.eod_id = _find_eod(tok, eod_token)
     return tok
+
+
+MAX_TOKENIZER_BYTES = 256 * 2**20  # the largest public tokenizer.json files hold tens of MB
+
+
+def _tokenizer_bytes(path: Path) -> bytes:
+    """The file's bytes, .xz unpacked, refused by name past MAX_TOKENIZER_BYTES: a small received
+    file that unpacks to gigabytes is stopped at the limit, not read into memory whole."""
+    limit = f"{MAX_TOKENIZER_BYTES // 2**20} MiB, more than any tokenizer holds; refused"
+    if path.stat().st_size > MAX_TOKENIZER_BYTES:
+        raise ValueError(f"{path}: {path.stat().st_size:,} bytes, over {limit}")
+    if path.suffix != ".xz":
+        return path.read_bytes()
+    unpacker = lzma.LZMADecompressor()
+    try:
+        raw = unpacker.decompress(path.read_bytes(), max_length=MAX_TOKENIZER_BYTES + 1)
+    except lzma.LZMAError as err:  # not xz at all
+        raise ValueError(f"{path}: not a whole .xz file ({err}); copy the tokenizer again") from None
+    if len(raw) > MAX_TOKENIZER_BYTES:
+        raise ValueError(f"{path}: unpacks to over {limit}")
+    if not unpacker.eof:  # cut short (an interrupted copy)
+        raise ValueError(f"{path}: not a whole .xz file (it ends before its data does); copy the tokenizer again")
+    return raw
 
 
 def _sentencepiece(path: Path, eod_token: str | None) -> Tokenizer:

@@ -26,6 +26,32 @@ def read_safetensors(path: Path) -> dict[str, torch.Tensor]:
         raise WeightsFileError(f"{path}: not a whole safetensors file ({first_line(err)})") from None
 
 
+def safetensors_shapes(path: Path) -> dict[str, tuple[int, ...]]:
+    """Each tensor's shape from the file's header alone (no tensor is read)."""
+    from safetensors import SafetensorError, safe_open
+
+    try:
+        with safe_open(str(path), "pt") as f:
+            return {name: tuple(f.get_slice(name).get_shape()) for name in f.keys()}  # noqa: SIM118 - a safe_open handle, not a dict
+    except (SafetensorError, OSError) as err:
+        raise WeightsFileError(f"{path}: not a whole safetensors file ({first_line(err)})") from None
+
+
+def check_shapes(path: Path, expected: dict[str, tuple[int, ...]], config: str) -> None:
+    """The tensors a model built from `config` has, against the weights file's header: a config that
+    does not describe these weights (a size changed, a crafted d_model of 2^20) is refused by name
+    before the model is built for real, which would allocate whatever the config says."""
+    found = safetensors_shapes(path)
+    missing, unexpected = sorted(expected.keys() - found.keys()), sorted(found.keys() - expected.keys())
+    if missing or unexpected:
+        raise WeightsFileError(f"{path}: does not hold the tensors of the model {config} describes "
+                               f"(missing {missing[:3]}, unexpected {unexpected[:3]})")
+    for name, shape in expected.items():
+        if tuple(found[name]) != tuple(shape):
+            raise WeightsFileError(f"{path}: {name} is {list(found[name])} here, but the model {config} describes "
+                                   f"has {list(shape)}")
+
+
 def read_torch_weights(path: Path) -> dict[str, torch.Tensor]:
     """A `pytorch_model.bin`: read weights-only, so that no object in it is built."""
     try:

@@ -228,13 +228,15 @@ def export(ckpt_dir: str | Path, out_dir: str | Path, tag: str | None = None, dt
 
 def from_pretrained(folder: str | Path, device=None, dtype=None) -> LanguageModel:
     """Load a folder written by `export` (tools/convert_checkpoint.py export)."""
-    from implicit_megatron.checkpoints.weights_file import read_safetensors
+    from implicit_megatron.checkpoints.weights_file import check_shapes, read_safetensors
 
     folder = Path(folder)
     for name in (CONFIG_FILE, MODEL_FILE):
         if not (folder / name).is_file():
             raise FileNotFoundError(f"{folder}: no {name}; export a checkpoint with tools/convert_checkpoint.py")
     cfg = read_folder_config(folder)
+    shapes = {k: tuple(v.shape) for k, v in build_model(cfg, device="meta").state_dict().items()}  # allocates nothing
+    check_shapes(folder / MODEL_FILE, shapes, str(folder / CONFIG_FILE))
     model = build_model(cfg, dtype=dtype)  # built in the asked dtype, so that loading loses nothing
     state = read_safetensors(folder / MODEL_FILE)
     model.load_state_dict({k: v.to(model.state_dict()[k].dtype) for k, v in state.items()}, strict=True)

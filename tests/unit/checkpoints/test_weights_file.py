@@ -68,3 +68,17 @@ def test_importing_a_safetensors_file_with_a_crafted_header_is_one_line(tmp_path
     assert load_tool("convert_checkpoint").main(["import", str(src), str(tmp_path / "out")]) == 2
     assert capsys.readouterr().err == (f"convert_checkpoint: {src / 'model.safetensors'}: not a whole safetensors "
                                        "file (SafetensorError: Error while deserializing header: header too large)\n")
+
+
+def test_a_config_that_does_not_describe_the_weights_is_refused_before_the_model_is_built(tmp_path, capsys):
+    """A received config.json's sizes are checked against the weights file's header first: a crafted
+    d_model would otherwise allocate what it says (2^20: terabytes) before any weight is read."""
+    export = write_tiny_export("mamba2-explicit", tmp_path)
+    config = json.loads((export / "config.json").read_text())
+    width = config["implicit_megatron"]["model"]["d_model"]
+    config["implicit_megatron"]["model"]["d_model"] = 4096
+    (export / "config.json").write_text(json.dumps(config))
+    assert load_tool("generate").main([str(export), "--prompt", "ROMEO:", "--max-new-tokens", "2"]) == 2
+    assert capsys.readouterr().err == (f"generate: {export / 'model.safetensors'}: embedding.weight is "
+                                       f"[50288, {width}] here, but the model {export / 'config.json'} describes "
+                                       "has [50288, 4096]\n")

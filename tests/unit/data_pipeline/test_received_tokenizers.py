@@ -1,0 +1,35 @@
+"""A received tokenizer file is read within a limit: a small `.xz` that unpacks to gigabytes is
+refused by name at the limit, not read into memory whole; a cut `.xz` is named as such."""
+
+from __future__ import annotations
+
+import lzma
+
+import pytest
+from support.processes import ROOT
+
+from data_pipeline import tokenizer as tokenizers
+from data_pipeline.tokenizer import load_tokenizer
+
+BUNDLED = ROOT / "data/tokenizers/gpt-neox-20b.json.xz"
+
+
+def test_a_tokenizer_that_unpacks_past_the_limit_is_refused_by_name(tmp_path, monkeypatch):
+    monkeypatch.setattr(tokenizers, "MAX_TOKENIZER_BYTES", 2**20)
+    bomb = tmp_path / "tokenizer.json.xz"
+    bomb.write_bytes(lzma.compress(b" " * (8 * 2**20)))  # 8 MiB of spaces in about a kilobyte
+    assert bomb.stat().st_size < 4096
+    with pytest.raises(ValueError, match=rf"^{bomb}: unpacks to over 1 MiB, more than any tokenizer holds; refused$"):
+        load_tokenizer(bomb)
+    plain = tmp_path / "tokenizer.json"
+    plain.write_bytes(b" " * (2 * 2**20))
+    with pytest.raises(ValueError, match=rf"^{plain}: 2,097,152 bytes, over 1 MiB"):
+        load_tokenizer(plain)
+
+
+def test_a_cut_xz_tokenizer_is_named(tmp_path):
+    cut = tmp_path / "tokenizer.json.xz"
+    cut.write_bytes(BUNDLED.read_bytes()[:100_000])
+    with pytest.raises(ValueError, match=rf"^{cut}: not a whole .xz file"):
+        load_tokenizer(cut)
+    assert load_tokenizer(BUNDLED).vocab_size == 50277  # the bundled one, whole, within the limit
