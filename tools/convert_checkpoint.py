@@ -1,12 +1,14 @@
 """Convert checkpoints of implicit_megatron.train.
 
-    python tools/convert_checkpoint.py export CKPT_DIR OUT_DIR [--tag T] [--dtype fp32|bf16]
-    python tools/convert_checkpoint.py import SRC OUT_DIR [--base-config CONFIG]
+    python tools/convert_checkpoint.py export CKPT_DIR OUT_DIR [--tag T] [--dtype fp32|bf16] [--tokenizer FILE]
+    python tools/convert_checkpoint.py import SRC OUT_DIR [--base-config CONFIG] [--tokenizer FILE]
     python tools/convert_checkpoint.py universal CKPT_DIR [--tag T]
 
 `export` writes model.safetensors + config.json + the tokenizer file, a folder that
 `implicit_megatron.from_pretrained(OUT_DIR)` and, after `import implicit_megatron`, transformers'
-AutoModelForCausalLM load. CKPT_DIR is a run's `checkpoints/` folder.
+AutoModelForCausalLM load. CKPT_DIR is a run's `checkpoints/` folder. The tokenizer copied is the
+config's data.tokenizer where it lies in this repository, the working directory or the run folder;
+one elsewhere (a received config may name a private file) only when --tokenizer names it.
 `import` reads an explicit Mamba2 (transformers or mamba_ssm) or Llama (transformers) folder and
 writes the same kind of folder; with an implicit --base-config the injection starts fresh. It also
 reads the models released with the paper (implicit, "(4+1) pretrain" and explicit; model_type
@@ -46,6 +48,10 @@ def main(argv: list[str] | None = None) -> int:
     uni.add_argument("ckpt_dir", help="a run folder, its checkpoints/ folder or one tag folder")
     uni.add_argument("--tag", default=None, help="checkpoint tag (default: the one 'latest' names)")
     uni.add_argument("--workers", type=int, default=4, help="processes that extract the ZeRO shards")
+    for sub in (exp, imp):
+        sub.add_argument("--tokenizer", default=None,
+                         help="the tokenizer file to copy into the folder (default: the config's data.tokenizer, "
+                              "where it lies in this repository, the working directory or the run folder)")
     for sub in (exp, imp, uni):
         sub.add_argument("--trust-checkpoint", action="store_true",
                          help="load checkpoint files whose pickles need more than tensors (their code runs)")
@@ -72,20 +78,22 @@ def main(argv: list[str] | None = None) -> int:
             dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp64": torch.float64}.get(args.dtype)
             out = export_released_from(args.ckpt_dir, args.out_dir, tag=args.tag, dtype=dtype)
         elif args.command == "export":
-            out = export(args.ckpt_dir, args.out_dir, tag=args.tag, dtype=args.dtype or "fp32")
+            out = export(args.ckpt_dir, args.out_dir, tag=args.tag, dtype=args.dtype or "fp32",
+                         tokenizer=args.tokenizer)
         elif args.command == "import":
             described = Path(args.src) / "config.json"
             source = read_json_config(described) if described.is_file() else {}
             if is_released(source):  # the paper's released implicit, (4+1) and explicit models
-                out = import_released(args.src, args.out_dir, args.base_config)
+                out = import_released(args.src, args.out_dir, args.base_config, args.tokenizer)
             else:
-                out = import_explicit(args.src, args.out_dir, args.base_config)
+                out = import_explicit(args.src, args.out_dir, args.base_config, args.tokenizer)
         else:
             out = universal_of(args.ckpt_dir, args.tag, args.workers)
     except (FileNotFoundError, ValueError, RuntimeError) as err:
         print(f"convert_checkpoint: {err}", file=sys.stderr)
         return 2
-    print(f"{args.command} -> {out}")
+    source = read_json_config(out / "config.json").get("tokenizer_source") if (out / "config.json").is_file() else None
+    print(f"{args.command} -> {out}" + (f" (tokenizer copied from {source})" if source else ""))
     return 0
 
 

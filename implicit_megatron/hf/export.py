@@ -39,15 +39,33 @@ CONFIG_KEY = "implicit_megatron"
 REPOSITORY = Path(__file__).resolve().parents[2]
 
 
-def write_folder(out: Path, model: LanguageModel, cfg: Config, dtype: torch.dtype) -> Path:
+def write_folder(out: Path, model: LanguageModel, cfg: Config, dtype: torch.dtype, tokenizer: str | Path | None = None,
+                 places: tuple[Path, ...] = ()) -> Path:
     """model.safetensors + config.json + the tokenizer + the transformers modeling file, under the
-    name `out` only once all are written (utils.whole_folder)."""
+    name `out` only once all are written (utils.whole_folder). The tokenizer: `tokenizer` where given
+    (--tokenizer), else the config's, if it lies where `tokenizer_to_copy` allows."""
+    source = tokenizer_to_copy(cfg, tokenizer, places)
     with written_whole(out) as partial:
-        _write_files(partial, model, cfg, dtype)
+        _write_files(partial, model, cfg, dtype, source)
     return Path(out)
 
 
-def _write_files(out: Path, model: LanguageModel, cfg: Config, dtype: torch.dtype) -> None:
+def tokenizer_to_copy(cfg: Config, given: str | Path | None, places: tuple[Path, ...] = ()) -> Path:
+    """The tokenizer file an export copies: `given` as it is; else the config's data.tokenizer when it
+    lies in this repository, the working directory or `places` (the run's folder). A config may be
+    someone else's (a checkpoint's, a --base-config), and a file it names elsewhere may be private:
+    published only when named."""
+    if given is not None:
+        return Path(given)
+    path = Path(cfg.data.tokenizer)
+    if not path.exists() or any(path.resolve().is_relative_to(p.resolve()) for p in (REPOSITORY, Path.cwd(), *places)):
+        return path
+    raise ValueError(f"data.tokenizer of {cfg.source or 'the config'} names {path}, outside this repository, the "
+                     f"working directory and the run folder: an export copies such a file only when you name it "
+                     f"(--tokenizer {path})")
+
+
+def _write_files(out: Path, model: LanguageModel, cfg: Config, dtype: torch.dtype, tokenizer: Path) -> None:
     from safetensors.torch import save_file
 
     tensors = {k: v.detach().to(dtype).contiguous() for k, v in model.state_dict().items()}
@@ -55,10 +73,11 @@ def _write_files(out: Path, model: LanguageModel, cfg: Config, dtype: torch.dtyp
     umask = os.umask(0)
     os.umask(umask)
     os.chmod(out / MODEL_FILE, 0o666 & ~umask)  # safetensors writes 0600; others on a cluster must read it
-    eod_id = write_tokenizer(Path(cfg.data.tokenizer), out)
+    eod_id = write_tokenizer(tokenizer, out)
     hf = {"architectures": ["ImplicitMegatronForCausalLM"], "model_type": "implicit_megatron", "auto_map": AUTO_MAP,
           "torch_dtype": str(dtype).removeprefix("torch."), **model_fields(cfg), **generation_fields(cfg, eod_id),
           "eval_stop": "token",  # each row's result is its own (hf/config.py); a client may name "batch"
+          "tokenizer_source": portable(str(tokenizer)) if eod_id is not None else None,  # where the copy came from
           CONFIG_KEY: portable(run_config(cfg))}
     (out / CONFIG_FILE).write_text(json.dumps(hf, indent=2))
     write_remote_code(out)  # last: a folder with its code is whole (utils.whole_folder)
@@ -217,13 +236,16 @@ def read_checkpoint(ckpt_dir: str | Path, tag: str | None = None) -> tuple[dict[
     return weights, cfg
 
 
-def export(ckpt_dir: str | Path, out_dir: str | Path, tag: str | None = None, dtype: str = "fp32") -> Path:
+def export(ckpt_dir: str | Path, out_dir: str | Path, tag: str | None = None, dtype: str = "fp32",
+           tokenizer: str | Path | None = None) -> Path:
     state, cfg = read_checkpoint(ckpt_dir, tag)
     model = build_model(cfg)
     model.load_state_dict(state, strict=True)  # a shape mismatch names the tensor
     remove_weight_norm(model)
     cfg.implicit.weight_norm = False
-    return write_folder(Path(out_dir), model, cfg, {"fp32": torch.float32, "bf16": torch.bfloat16}[dtype])
+    run_folder = find_checkpoint(ckpt_dir, tag)[0].parent
+    return write_folder(Path(out_dir), model, cfg, {"fp32": torch.float32, "bf16": torch.bfloat16}[dtype], tokenizer,
+                        (run_folder,))
 
 
 def from_pretrained(folder: str | Path, device=None, dtype=None) -> LanguageModel:

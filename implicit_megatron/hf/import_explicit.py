@@ -91,7 +91,8 @@ def _model_settings(hf: dict) -> tuple[list[str], dict[str, str]]:
                      "nor a mamba_ssm Mamba2 model")
 
 
-def import_explicit(src: str | Path, out_dir: str | Path, base_config: str | Path | None = None) -> Path:
+def import_explicit(src: str | Path, out_dir: str | Path, base_config: str | Path | None = None,
+                    tokenizer: str | Path | None = None) -> Path:
     """Write our folder for the explicit model at `src` (made implicit when `base_config` says so)."""
     src, out = Path(src), Path(out_dir)
     hf, weights = read_source(src)
@@ -127,4 +128,4 @@ def import_explicit(src: str | Path, out_dir: str | Path, base_config: str | Pat
     if missing:
         raise ValueError(f"{src}: tensors missing for {missing[:5]}")
     model.load_state_dict({**expected, **state}, strict=True)
-    return write_folder(out, model, cfg, torch.float32)
+    return write_folder(out, model, cfg, torch.float32, tokenizer)

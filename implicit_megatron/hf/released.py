@@ -182,7 +182,8 @@ def _our_name(name: str, layer_map: dict[str, str]) -> str | None:
     return None if prefix is None else TOP[prefix] + name[len(prefix):]
 
 
-def import_released(src: str | Path, out_dir: str | Path, base_config: str | Path | None = None) -> Path:
+def import_released(src: str | Path, out_dir: str | Path, base_config: str | Path | None = None,
+                    tokenizer: str | Path | None = None) -> Path:
     """Write our folder for the released model at `src`; `from_pretrained(out_dir)` evaluates it as the
     released code does."""
     src, out = Path(src), Path(out_dir)
@@ -204,7 +205,7 @@ def import_released(src: str | Path, out_dir: str | Path, base_config: str | Pat
         raise ValueError(f"{src}: no tensor for {missing[0]!r}" + (f" and {len(missing) - 1} more" if
                                                                     len(missing) > 1 else ""))
     model.load_state_dict(state, strict=True)
-    return write_folder(out, model, cfg, dtype)
+    return write_folder(out, model, cfg, dtype, tokenizer)
 
 
 # --------------------------------------------------------------------------- export

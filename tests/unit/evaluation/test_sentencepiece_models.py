@@ -32,7 +32,7 @@ def sp_export(tmp_path_factory) -> Path:
     cfg = load_config(ROOT / "configs/tiny/mamba2-implicit.yaml", ["model.d_model=32", f"data.tokenizer={tokenizer}",
                       "model.vocab_size=300", "model.mamba2.headdim=8"], check_files=False)
     torch.manual_seed(0)
-    return write_folder(out / "export", build_model(cfg).eval(), cfg, torch.float32)
+    return write_folder(out / "export", build_model(cfg).eval(), cfg, torch.float32, tokenizer=tokenizer)
 
 
 @pytest.mark.parametrize("backend", ["implicit_megatron", "hf"])
@@ -87,7 +87,7 @@ def test_tools_generate_prints_each_prompt_as_the_tokenizer_decodes_the_whole_se
         hidden = model(torch.tensor([processor.encode(prompt)]))[0, -1, :32]
         head.zero_()
         head[boundary] = 50 * hidden / hidden.norm()
-    export = write_folder(tmp_path / "export", model, cfg, torch.float32)
+    export = write_folder(tmp_path / "export", model, cfg, torch.float32, tokenizer=cfg.data.tokenizer)
     assert load_tool("generate").main([str(export), "--prompt", prompt, "--temperature", "0", "--max-new-tokens", "4",
                                        "--ignore-eod", "--jsonl"]) == 0
     (row,) = [json.loads(line) for line in capsys.readouterr().out.splitlines()]

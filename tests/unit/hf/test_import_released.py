@@ -152,3 +152,27 @@ def test_a_folder_whose_dtype_is_not_a_dtype_is_refused_naming_the_file(imported
     with pytest.raises(ValueError, match=f"^{folder / 'config.json'}: torch_dtype 'Tensor': expected one of"):
         export_released_from(folder, tmp_path / "out")
     assert not (tmp_path / "out").exists()
+
+
+def test_a_received_base_config_naming_a_tokenizer_elsewhere_publishes_it_only_when_named(tmp_path, capsys):
+    """A --base-config (or a checkpoint's config) from someone else may name a private tokenizer
+    outside this repository, the working directory and the run: import and export copy it into the
+    folder only when --tokenizer names it, and say where the copy came from."""
+    import shutil
+
+    from support.tools import load_tool
+
+    private = tmp_path / "private" / "tokenizer.json.xz"
+    private.parent.mkdir()
+    shutil.copy(ROOT / "data/tokenizers/gpt-neox-20b.json.xz", private)
+    received = tmp_path / "received.yaml"
+    received.write_text(f"base: {ROOT / 'configs/tiny/llama-implicit.yaml'}\ndata: {{tokenizer: {private}}}\n")
+    convert = load_tool("convert_checkpoint").main
+    args = ["import", str(FIXTURES / "llama"), str(tmp_path / "out"), "--base-config", str(received)]
+    assert convert(args) == 2
+    assert f"names {private}, outside this repository, the working directory and the run folder" in \
+        capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+    assert convert([*args, "--tokenizer", str(private)]) == 0
+    assert (tmp_path / "out" / "tokenizer.json").is_file() and "tokenizer copied from .../private/tokenizer.json.xz" \
+        in capsys.readouterr().out
