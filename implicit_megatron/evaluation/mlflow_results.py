@@ -16,6 +16,7 @@ from pathlib import Path
 
 from implicit_megatron.config import TrackingConfig
 from implicit_megatron.tracking.tracker import (
+    ARTIFACTS,
     RUN_CONFIG,
     RUN_ID_FILE,
     STORE,
@@ -23,6 +24,7 @@ from implicit_megatron.tracking.tracker import (
     refuse_outside,
     store_problem,
 )
+from implicit_megatron.utils.own_files import foreign_entry
 from implicit_megatron.utils.typed_yaml import ConfigError, parse_yaml
 
 
@@ -84,6 +86,10 @@ def check_destination(run_dir: str | Path):
     if problem:
         raise ValueError(f"{store}: not an MLflow store results can be logged to ({problem}); move it aside "
                          "(a resume of the run then starts a new store) or log to another run folder")
+    linked = foreign_entry(folder / ARTIFACTS) if local and os.path.lexists(folder / ARTIFACTS) else None
+    if linked:  # MLflow would write the results' files through it
+        raise ValueError(f"{linked}: a run's local store keeps its artifacts in the run folder's own files; "
+                         "remove it, or log to another run folder")
     os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
     from mlflow import MlflowClient
 
@@ -109,7 +115,7 @@ def log_results(run_dir: str | Path, name: str, results: dict, files: list[Path]
     if run_id is None:
         _, experiment_name, local = destination(folder)
         experiment = client.get_experiment_by_name(experiment_name)
-        location = (folder / "mlflow-artifacts").as_uri() if local else None
+        location = (folder / ARTIFACTS).as_uri() if local else None
         experiment_id = experiment.experiment_id if experiment else client.create_experiment(
             experiment_name, artifact_location=location)
         run_id = client.create_run(experiment_id, run_name=f"{name}-eval").info.run_id

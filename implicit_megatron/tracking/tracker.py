@@ -35,6 +35,7 @@ RUN_ID_FILE = "mlflow_run_id"
 
 
 STORE = "mlflow.db"
+ARTIFACTS = "mlflow-artifacts"  # where a local store keeps its runs' files, in the run folder
 RUN_CONFIG = "config.yaml"  # the resolved config a run's trainer saves in its output folder
 
 
@@ -200,7 +201,7 @@ class Tracker:
         self.client = MlflowClient(tracking_uri=uri)
         experiment = self.client.get_experiment_by_name(cfg.tracking.experiment)
         if experiment is None:  # a server keeps artifacts where it is configured to; a local store beside it
-            location = (out / "mlflow-artifacts").as_uri() if local else None
+            location = (out / ARTIFACTS).as_uri() if local else None
             experiment_id = self.client.create_experiment(cfg.tracking.experiment, artifact_location=location,
                                                           tags=EXPERIMENT_KIND)
         else:

@@ -176,7 +176,8 @@ def test_a_received_phase_name_never_reaches_a_path(tmp_path, shakespeare_shards
     assert (victim / "important.txt").read_text() == "keep me"
 
 
-def test_evaluation_logs_where_the_run_folder_says_never_where_the_model_says(run, tmp_path, shakespeare_shards):
+def test_evaluation_logs_where_the_run_folder_says_never_where_the_model_says(run, trained, tmp_path,
+                                                                           shakespeare_shards):
     export, outside = tmp_path / "export", tmp_path / "outside"
     assert tool("convert_checkpoint", "export", run, export).returncode == 0
     config = json.loads((export / "config.json").read_text())
@@ -203,4 +204,14 @@ def test_evaluation_logs_where_the_run_folder_says_never_where_the_model_says(ru
     refused = tool("evaluate", export, "--tasks", "ppl", "--data", shakespeare_shards, "--seq-lens", "32",
                    "--max-windows", "1", "--batch-size", "1", "--run", received, "--output", tmp_path / "results")
     assert refused.returncode == 2 and "outside the run folder" in refused.stderr, refused.stderr[-3000:]
+    assert not any(outside.iterdir()) and not (tmp_path / "results").exists()
+
+    # a link inside the artifact folder, where the new experiment's artifacts would go: refused by name
+    linked = Path(shutil.copytree(trained, tmp_path / "linked", symlinks=True))
+    (linked / "mlflow-artifacts").mkdir()
+    (linked / "mlflow-artifacts" / "1").symlink_to(outside, target_is_directory=True)
+    refused = tool("evaluate", export, "--tasks", "ppl", "--data", shakespeare_shards, "--seq-lens", "32",
+                   "--max-windows", "1", "--batch-size", "1", "--run", linked, "--output", tmp_path / "results")
+    assert refused.returncode == 2, refused.stderr[-3000:]
+    assert f"{linked / 'mlflow-artifacts' / '1'} is a symbolic link" in refused.stderr, refused.stderr[-3000:]
     assert not any(outside.iterdir()) and not (tmp_path / "results").exists()
