@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 import lzma
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -84,9 +85,34 @@ def _hf(path: Path, eod_token: str | None) -> Tokenizer:
         backend = HFTokenizer.from_str(raw.decode("utf-8"))
     except Exception as err:  # tokenizers raises a bare Exception on malformed files
         raise ValueError(f"{path}: not a valid tokenizer.json: {err}") from None
+    _check_speed(backend, path)
     tok = Tokenizer(backend, "hf", backend.get_vocab_size(with_added_tokens=True), -1, str(path))
     tok.eod_id = _find_eod(tok, eod_token)
     return tok
+
+
+SPEED_PROBE = ("ROMEO: But soft, what light through yonder window breaks? Supercalifragilisticexpialidocious, "
+               "0123456789 ünïcödé\tand\nlines  with  spaces.")
+SPEED_LIMIT_S = 0.25  # tokenizers encode this probe in well under a millisecond
+
+
+def _check_speed(backend, path: Path) -> None:
+    """A received tokenizer.json's normalizer and pre-tokenizer regexes run on every text it encodes:
+    one that backtracks (seconds per word, or the regex engine giving up mid-match) is refused by
+    name on a short probe here, rather than stalling preprocessing, a prompt or a training rank."""
+    start = time.perf_counter()
+    try:
+        backend.encode(SPEED_PROBE)
+    except BaseException as err:  # noqa: BLE001 - the regex engine's give-up is a Rust panic (a BaseException)
+        if isinstance(err, KeyboardInterrupt | SystemExit):
+            raise
+        why = f"{type(err).__name__}: {(str(err).splitlines() or [''])[0][:200]}"
+        raise ValueError(f"{path}: encoding a {len(SPEED_PROBE)}-character sample failed ({why}): a normalizer or "
+                         "pre-tokenizer regex that backtracks; refused") from None
+    took = time.perf_counter() - start
+    if took > SPEED_LIMIT_S:
+        raise ValueError(f"{path}: encoding a {len(SPEED_PROBE)}-character sample took {took:.2f} s (a normalizer or "
+                         "pre-tokenizer regex that backtracks would stall every text); refused")
 
 
 MAX_TOKENIZER_BYTES = 256 * 2**20  # the largest public tokenizer.json files hold tens of MB

@@ -33,3 +33,25 @@ def test_a_cut_xz_tokenizer_is_named(tmp_path):
     with pytest.raises(ValueError, match=rf"^{cut}: not a whole .xz file"):
         load_tokenizer(cut)
     assert load_tokenizer(BUNDLED).vocab_size == 50277  # the bundled one, whole, within the limit
+
+
+def backtracking_tokenizer(path):
+    """A tokenizer.json whose pre-tokenizer regex backtracks on any long word."""
+    from tokenizers import Regex, Tokenizer, models, pre_tokenizers
+
+    tok = Tokenizer(models.WordLevel({"a": 0, "[UNK]": 1, "<|endoftext|>": 2}, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex(r"(\w|\w)*\d"), behavior="isolated")
+    tok.save(str(path))
+    return path
+
+
+def test_a_tokenizer_whose_regex_backtracks_is_refused_by_name(tmp_path):
+    slow = backtracking_tokenizer(tmp_path / "tokenizer.json")
+    with pytest.raises(ValueError, match=rf"^{slow}: encoding a \d+-character sample failed .*backtracks; refused"):
+        load_tokenizer(slow)
+
+
+def test_a_tokenizer_slower_than_the_limit_is_refused_by_name(monkeypatch):
+    monkeypatch.setattr(tokenizers, "SPEED_LIMIT_S", 0.0)  # any encode takes longer than nothing
+    with pytest.raises(ValueError, match=rf"^{BUNDLED}: encoding a \d+-character sample took [\d.]+ s"):
+        load_tokenizer(BUNDLED)
