@@ -72,6 +72,11 @@ if [ -z "${PYTHON:-}" ] || [ "$PYTHON" = "$root/.venv/bin/python" ]; then
   bash scripts/setup.sh  # idempotent: a no-op once .venv is up to date
   PYTHON="$root/.venv/bin/python"
 fi
+# Over several nodes DeepSpeed's launcher hands some environment values, .deepspeed_env lines and this
+# directory to every node's shell: refused here if a shell would run anything in them.
+if [ -n "${HOSTFILE:-}" ] || [ "${NUM_NODES:-1}" != 1 ]; then
+  "$PYTHON" -m implicit_megatron.train.process.remote_env
+fi
 
 # GPUs: torch is asked only where a GPU device node exists (NVIDIA, AMD, WSL); importing it to learn
 # that a CPU machine has none cost 2 s a launch. GPU_DEVICE_NODES replaces the paths looked at.

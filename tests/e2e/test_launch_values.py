@@ -35,6 +35,20 @@ def test_a_master_address_that_is_not_an_address_is_refused(address, tmp_path):
     assert not marker.exists()
 
 
+@pytest.mark.parametrize("variable", ["MLFLOW_TRACKING_URI", "PYTHONWARNINGS", "NCCL_SOCKET_IFNAME"])
+def test_a_value_deepspeed_hands_every_node_is_refused_before_a_multi_node_launch(variable, tmp_path):
+    """DeepSpeed's pdsh launch writes these into `export KEY="VALUE";` of every node's command."""
+    marker = tmp_path / "marker"
+    hostfile = tmp_path / "hostfile"
+    hostfile.write_text("node1 slots=1\nnode2 slots=1\n")
+    result = launch("pretrain", TINY, f"train.output_dir={tmp_path / 'run'}", HOSTFILE=str(hostfile),
+                    **{variable: f"x$(touch {marker})"})
+    assert result.returncode == 2, result.stderr
+    assert f"pretrain.sh: {variable}='x$(touch {marker})' holds '$', which a shell reads inside double quotes" \
+        in result.stderr
+    assert not marker.exists() and not (tmp_path / "run").exists()
+
+
 def test_a_received_config_cannot_forge_a_row_of_the_curriculum_plan(tmp_path):
     """curriculum.sh reads its plan as tab-separated rows: an output folder holding a newline and tabs
     made a row of its own, whose node count reached pretrain.sh's arithmetic."""

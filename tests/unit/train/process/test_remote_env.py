@@ -1,0 +1,60 @@
+"""What a multi-node launch hands every node's shell (train/process/remote_env.py): each value that a
+shell would run inside DeepSpeed's double quotes is named; the values users set are let through. The
+command is DeepSpeed's own (its pdsh runner), run here by bash as a node's shell would run it."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from implicit_megatron.train.process.remote_env import problems
+
+SAFE = {"PYTHONPATH": "/opt/a:/opt/b", "MLFLOW_TRACKING_URI": "http://tracker:5000/x?y=1&z=2",
+        "NCCL_SOCKET_IFNAME": "eth0,ib0", "PYTHONWARNINGS": "ignore::DeprecationWarning", "HOME": "/root"}
+
+
+def remote_exports(environ: dict[str, str]) -> str:
+    """The `export ...;` part of DeepSpeed's pdsh command for these variables."""
+    from implicit_megatron.utils.deepspeed_env import name_accelerator
+
+    name_accelerator()
+    from deepspeed.launcher.multinode_runner import PDSHRunner
+
+    runner = PDSHRunner(SimpleNamespace(user_args=[], user_script="x"), "e30=")
+    for key, value in environ.items():
+        if key.startswith(("MLFLOW", "PYTHON", "NCCL")):
+            runner.add_export(key, value)
+    return "".join(f"export {key}={value}; " for key, value in runner.exports.items())
+
+
+@pytest.mark.processes  # bash, as a node's shell
+def test_what_a_node_shell_would_run_is_named_and_what_users_set_passes(tmp_path):
+    marker = tmp_path / "marker"
+    unsafe = {"MLFLOW_RUN_NAME": f"a$(touch {marker})", "PYTHONSTARTUP": f"`touch {marker}`",
+              "NCCL_DEBUG": f'x"; touch {marker}; "'}
+    for key, value in unsafe.items():  # what DeepSpeed's command does with each, run by a shell
+        subprocess.run(["bash", "-c", remote_exports({key: value}) + "true"], check=False)
+        assert marker.exists(), key
+        marker.unlink()
+    found = problems(SAFE | unsafe, tmp_path / "home", tmp_path)
+    assert [p.split("=")[0] for p in found] == sorted(unsafe)
+    assert problems(SAFE, tmp_path / "home", tmp_path) == []
+    subprocess.run(["bash", "-c", remote_exports(SAFE) + "true"], check=True)  # and these run nothing
+
+
+def test_a_deepspeed_env_file_and_the_directory_are_checked(tmp_path):
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / ".deepspeed_env").write_text("NCCL_IB_DISABLE=1\nOK_VALUE=plain words\n")
+    assert problems({}, home, tmp_path) == []
+    (tmp_path / ".deepspeed_env").write_text("GOOD=1\nBAD=$(touch marker)\nnot a line\n")
+    found = problems({}, home, tmp_path)
+    assert found[0] == f"{tmp_path / '.deepspeed_env'}:2: BAD='$(touch marker)' holds '$', which a shell reads " \
+                       "inside double quotes"
+    assert found[1] == f"{tmp_path / '.deepspeed_env'}:3: 'not a line' is not KEY=VALUE"
+    spaced = Path(tmp_path / "my runs")
+    spaced.mkdir()
+    assert "the working directory" in problems({}, home, spaced)[0]
