@@ -19,6 +19,7 @@ Inputs are read like preprocessing inputs (JSON lines, parquet, save_to_disk fol
 from __future__ import annotations
 
 import argparse
+import contextlib
 import glob
 import os
 import sys
@@ -96,9 +97,10 @@ def train_byte_bpe(texts: Iterator[str], vocab_size: int, output: str) -> str:
     trainer = trainers.BpeTrainer(vocab_size=vocab_size, min_frequency=2, special_tokens=[EOD, PAD],
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
     tokenizer.train_from_iterator(texts, trainer=trainer)
-    path = os.path.join(output, "tokenizer.json") if os.path.isdir(output) else output
-    tokenizer.save(path)
-    return path
+    path = Path(os.path.join(output, "tokenizer.json") if os.path.isdir(output) else output)
+    with published([path]) as (partial,):
+        tokenizer.save(str(partial))
+    return str(path)
 
 
 def train_sentencepiece(texts: Iterator[str], vocab_size: int, output: str, model_type: str) -> str:
@@ -107,13 +109,43 @@ def train_sentencepiece(texts: Iterator[str], vocab_size: int, output: str, mode
 
     prefix = os.path.join(output, "tokenizer") if os.path.isdir(output) else output.removesuffix(".model")
     lines = (line for text in texts for line in text.split("\n") if line.strip())
-    spm.SentencePieceTrainer.train(
-        sentence_iterator=lines, model_prefix=prefix, vocab_size=vocab_size, model_type=model_type,
-        character_coverage=0.9995, byte_fallback=True, hard_vocab_limit=False,
-        unk_id=0, eos_id=1, bos_id=-1, pad_id=-1, eos_piece=EOD,
-        input_sentence_size=5_000_000, shuffle_input_sentence=True,
-        num_threads=os.cpu_count() or 1, minloglevel=2)
+    with published([Path(prefix + ".model"), Path(prefix + ".vocab")]) as (model, _):
+        spm.SentencePieceTrainer.train(
+            sentence_iterator=lines, model_prefix=str(model.with_suffix("")), vocab_size=vocab_size,
+            model_type=model_type, character_coverage=0.9995, byte_fallback=True, hard_vocab_limit=False,
+            unk_id=0, eos_id=1, bos_id=-1, pad_id=-1, eos_piece=EOD,
+            input_sentence_size=5_000_000, shuffle_input_sentence=True,
+            num_threads=os.cpu_count() or 1, minloglevel=2)
+        try:  # sentencepiece says nothing when its write fails: a cut model is found by reading it back
+            spm.SentencePieceProcessor(model_file=str(model))
+        except (OSError, RuntimeError) as err:
+            raise RuntimeError(f"the model written does not load, a full disk or a file-size limit? ({err})") from None
     return prefix + ".model"
+
+
+class NotWritten(RuntimeError):
+    """The tokenizer could not be written whole; the message names the file, the cause and what is left."""
+
+
+@contextlib.contextmanager
+def published(paths: list[Path]):
+    """Temporary names beside `paths` to write, each renamed to its own name only once every one is
+    whole: a full disk or a file-size limit leaves no cut tokenizer under the name (nor a model
+    without its vocabulary), and a file that was there before stays as it was."""
+    tag = f".partial-{os.getpid()}"
+    partials = [p.with_name(f".{p.stem}{tag}{p.suffix}") for p in paths]
+    try:
+        yield partials
+        for partial, path in zip(partials, paths, strict=True):
+            os.replace(partial, path)
+    except Exception as err:  # noqa: BLE001 - the writers' errors (Rust, C++) share no type; each is named below
+        kept = [str(p) for p in paths if p.exists()]
+        cause = (str(err).splitlines() or [type(err).__name__])[0][:300]
+        raise NotWritten(f"{paths[0]}: not written ({cause}); " + (f"{', '.join(kept)} left as it was" if kept else
+                                                                   "nothing was written under its name")) from None
+    finally:
+        for partial in partials:
+            partial.unlink(missing_ok=True)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -141,10 +173,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"train_tokenizer: error: {no_text(args.input, args.text_key)}; nothing was written", file=sys.stderr)
         return 2
     texts = chain([first], texts)
-    if args.model == "byte-bpe":
-        path = train_byte_bpe(texts, args.vocab_size, args.output)
-    else:
-        path = train_sentencepiece(texts, args.vocab_size, args.output, args.model.removeprefix("sp-"))
+    try:
+        if args.model == "byte-bpe":
+            path = train_byte_bpe(texts, args.vocab_size, args.output)
+        else:
+            path = train_sentencepiece(texts, args.vocab_size, args.output, args.model.removeprefix("sp-"))
+    except NotWritten as err:
+        print(f"train_tokenizer: error: {err}", file=sys.stderr)
+        return 1
     from data_pipeline.tokenizer import load_tokenizer
 
     tokenizer = load_tokenizer(path)

@@ -68,3 +68,33 @@ def test_inputs_that_give_no_text_are_refused_naming_the_fields(model, tmp_path,
                      "500", "--output", str(output))
     assert result.returncode == 2 and "no document with text" in result.stderr, result.stderr[-2000:]
     assert not list((tmp_path / "out").iterdir())
+
+
+@pytest.mark.processes
+@pytest.mark.parametrize(("model", "name"), [("byte-bpe", "tokenizer.json"), ("sp-unigram", "mine.model")])
+def test_a_tokenizer_that_meets_a_file_size_limit_leaves_no_cut_file_and_says_so(model, name, tmp_path, write_jsonl,
+                                                                                 corpus):
+    """`ulimit -f` (or a full disk) while the tokenizer is written: one line naming the file and the
+    cause, the file that was there before as it was, no temporary file left."""
+    import os
+    import resource
+    import subprocess
+    import sys
+
+    source = write_jsonl(tmp_path / "docs.jsonl", [{"text": d["text"]} for d in corpus[:80]])
+    output = tmp_path / "out" / name
+    output.parent.mkdir()
+    output.write_text("the tokenizer from before\n")
+
+    def limit_file_size() -> None:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (16 * 1024, 16 * 1024))
+
+    result = subprocess.run([sys.executable, "-m", "data_pipeline.train_tokenizer", "--input", str(source), "--model",
+                             model, "--vocab-size", "800", "--output", str(output)], capture_output=True, text=True,
+                            env={**os.environ, "TOKENIZERS_PARALLELISM": "false"}, preexec_fn=limit_file_size,
+                            timeout=120)
+    assert result.returncode == 1, result.stderr[-3000:]
+    assert result.stderr.startswith(f"train_tokenizer: error: {output}: not written (") and \
+        f"{output} left as it was" in result.stderr and result.stderr.count("\n") == 1, result.stderr[-3000:]
+    assert output.read_text() == "the tokenizer from before\n"
+    assert sorted(p.name for p in output.parent.iterdir()) == [name]
