@@ -89,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
                 out = import_explicit(args.src, args.out_dir, args.base_config, args.tokenizer)
         else:
             out = universal_of(args.ckpt_dir, args.tag, args.workers)
-    except (FileNotFoundError, ValueError, RuntimeError) as err:
+    except (OSError, ValueError, RuntimeError) as err:
         print(f"convert_checkpoint: {err}", file=sys.stderr)
         return 2
     source = read_json_config(out / "config.json").get("tokenizer_source") if (out / "config.json").is_file() else None

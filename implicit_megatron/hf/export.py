@@ -14,6 +14,7 @@ stops where tools/generate.py stops) and the padding rows of the vocabulary as `
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
@@ -28,6 +29,7 @@ from implicit_megatron.checkpoints.integrity import require_complete
 from implicit_megatron.checkpoints.layout import find_checkpoint, model_states_file, read_client_state, saved_layout
 from implicit_megatron.config import Config
 from implicit_megatron.config.saved import checked_eval_stop, config_from_dict
+from implicit_megatron.errors import first_line
 from implicit_megatron.hf.remote_code import AUTO_MAP, write_remote_code
 from implicit_megatron.models.lm import LanguageModel
 from implicit_megatron.utils.json_config import read_json_config
@@ -45,9 +47,22 @@ def write_folder(out: Path, model: LanguageModel, cfg: Config, dtype: torch.dtyp
     name `out` only once all are written (utils.whole_folder). The tokenizer: `tokenizer` where given
     (--tokenizer), else the config's, if it lies where `tokenizer_to_copy` allows."""
     source = tokenizer_to_copy(cfg, tokenizer, places)
-    with written_whole(out) as partial:
-        _write_files(partial, model, cfg, dtype, source)
+    try:
+        with written_whole(out) as partial:
+            _write_files(partial, model, cfg, dtype, source)
+    except Exception as err:
+        if not write_failure(err):
+            raise
+        left = "the folder there before is left as it was" if Path(out).exists() else "nothing is left under its name"
+        raise OSError(f"{out}: not written ({first_line(err)}); {left}") from None
     return Path(out)
+
+
+def write_failure(err: BaseException) -> bool:
+    """A full disk, a quota or a file-size limit, as the OS or safetensors (which keeps no errno) says it."""
+    if isinstance(err, OSError):
+        return err.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+    return type(err).__name__ == "SafetensorError"
 
 
 def tokenizer_to_copy(cfg: Config, given: str | Path | None, places: tuple[Path, ...] = ()) -> Path:

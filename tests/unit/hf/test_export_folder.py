@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from safetensors.torch import load_file
 from support.processes import ROOT
 
 from implicit_megatron import build_model, from_pretrained, load_config
@@ -114,3 +115,31 @@ def test_a_re_export_killed_while_replacing_keeps_a_whole_export_and_its_evaluat
     assert (out / "evaluation" / "results.json").read_text() == "{}"
     assert torch.equal(from_pretrained(out).embedding.weight, model.embedding.weight)
     assert not list(tmp_path.glob(".export.*"))
+
+
+WRITTEN_UNDER_A_LIMIT = """
+import resource, sys, torch
+from implicit_megatron import build_model, load_config
+from implicit_megatron.hf import export
+
+cfg = load_config("configs/tiny/mamba2-explicit.yaml", check_files=False)
+model = build_model(cfg)
+export.write_folder(export.Path(sys.argv[1]), model, cfg, torch.float32)  # the export there before
+resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 20, 1 << 20))  # as `ulimit -f 1024`; a full disk says the same
+try:
+    export.write_folder(export.Path(sys.argv[1]), model, cfg, torch.float32)
+except OSError as err:
+    print(err)
+"""
+
+
+@pytest.mark.processes
+def test_an_export_that_meets_a_file_size_limit_is_named_and_leaves_the_old_one(tmp_path):
+    out = tmp_path / "export"
+    result = subprocess.run([sys.executable, "-c", WRITTEN_UNDER_A_LIMIT, str(out)], cwd=ROOT, capture_output=True,
+                            text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.startswith(f"{out}: not written (SafetensorError: ") and \
+        result.stdout.rstrip().endswith("; the folder there before is left as it was"), result.stdout
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["export"]  # no partial folder left
+    assert load_file(out / MODEL_FILE)  # the old export, whole
