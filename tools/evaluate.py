@@ -106,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
     from implicit_megatron.evaluation.lm_eval_options import PAPER_TASKS, LmEvalOptions
     from implicit_megatron.evaluation.loading import NotAModelError
     from implicit_megatron.evaluation.phases import SolverChoice
-    from implicit_megatron.evaluation.runner import EvalOptions, run_evaluation
+    from implicit_megatron.evaluation.runner import EvalOptions, OutputNotWritten, run_evaluation
     from implicit_megatron.utils.typed_yaml import ConfigError
 
     safe_load.set_trust(args.trust_checkpoint)
@@ -124,7 +124,8 @@ def main(argv: list[str] | None = None) -> int:
                           lm_eval=lm_eval, run_dir=args.run_dir)
     try:
         results = run_evaluation(options, bars=progress_bars())
-    except (NotAModelError, FileNotFoundError, ConnectionError, ValueError, ConfigError, ImportError) as err:
+    except (NotAModelError, FileNotFoundError, ConnectionError, ValueError, ConfigError, ImportError,
+            OutputNotWritten) as err:
         print(f"evaluate: {err}", file=sys.stderr)
         return 2
     out = Path(results["files"][0]).parent

@@ -3,6 +3,7 @@ token, and the per-position perplexity difference between sequential and simulta
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 
@@ -65,9 +66,7 @@ def finish(plt, fig, ax, xlabel: str, ylabel: str, title: str, out: Path) -> Pat
     ax.set_title(title)
     ax.legend(fontsize="small")
     fig.tight_layout()
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
-    return out
+    return write_png(plt, fig, out, dpi=110)
 
 
 def _save(plt, fig, ax, ylabel: str, title: str, out: Path, legend: bool) -> Path:
@@ -78,8 +77,19 @@ def _save(plt, fig, ax, ylabel: str, title: str, out: Path, legend: bool) -> Pat
     if legend:
         ax.legend()
     fig.tight_layout()
-    fig.savefig(out, dpi=120)
-    plt.close(fig)
+    return write_png(plt, fig, out, dpi=120)
+
+
+def write_png(plt, fig, out: Path, dpi: int) -> Path:
+    """The figure as `out`, written under a temporary name and renamed when whole (a full disk leaves
+    the plot there before, not a cut one); the figure is freed either way."""
+    partial = out.with_name(f".{out.name}.partial-{os.getpid()}")
+    try:
+        fig.savefig(partial, dpi=dpi, format="png")
+        os.replace(partial, out)
+    finally:
+        partial.unlink(missing_ok=True)
+        plt.close(fig)
     return out
 
 

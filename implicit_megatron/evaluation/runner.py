@@ -8,6 +8,7 @@ results.md (the paper's table layouts) and PNG plots in `output`, and MLflow whe
 
 from __future__ import annotations
 
+import errno
 import json
 import re
 import sys
@@ -19,6 +20,7 @@ from typing import cast
 
 import torch
 
+from implicit_megatron.errors import first_line
 from implicit_megatron.evaluation import plots, report
 from implicit_megatron.evaluation.duality import compare_modes
 from implicit_megatron.evaluation.dynamics import summarize
@@ -235,20 +237,34 @@ def run_evaluation(options: EvalOptions, log: Callable[[str], None] | None = Non
     return results
 
 
+class OutputNotWritten(OSError):
+    """An output file met a full disk, a quota or a file-size limit; the message names it and what is whole."""
+
+
 def write_outputs(results: dict, out: Path) -> list[Path]:
-    """results.json, results.md and the plots the results allow."""
+    """results.json, results.md and the plots the results allow, each written whole or not at all."""
     out.mkdir(parents=True, exist_ok=True)
     label = results["model"]["label"]
-    files = [out / "results.json", out / "results.md"]
-    replace_text(out / "results.json", json.dumps(results, indent=2) + "\n")
-    replace_text(out / "results.md", report.render(results))
+    writes: list[tuple[Path, Callable[[Path], object]]] = [
+        (out / "results.json", lambda p: replace_text(p, json.dumps(results, indent=2) + "\n")),
+        (out / "results.md", lambda p: replace_text(p, report.render(results)))]
     if "extrapolation" in results:
-        files.append(plots.per_position_plot(results["extrapolation"], results["model"]["train_seq_len"], label,
-                                             out / "per_position_ppl.png"))
+        writes.append((out / "per_position_ppl.png", lambda p: plots.per_position_plot(
+            results["extrapolation"], results["model"]["train_seq_len"], label, p)))
     if "dynamics" in results:
-        files.append(plots.passes_plot(results["dynamics"], label, out / "iterations_per_token.png"))
+        writes.append((out / "iterations_per_token.png", lambda p: plots.passes_plot(results["dynamics"], label, p)))
     if "duality" in results:
-        files.append(plots.duality_plot(results["duality"], label, out / "duality.png"))
+        writes.append((out / "duality.png", lambda p: plots.duality_plot(results["duality"], label, p)))
+    files: list[Path] = []
+    for path, write in writes:
+        try:
+            write(path)
+        except OSError as err:
+            if err.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
+                raise
+            whole = f"written whole before it: {', '.join(f.name for f in files)}" if files else "nothing written"
+            raise OutputNotWritten(f"{path}: not written ({first_line(err)}); {whole}") from None
+        files.append(path)
     return files
 
 

@@ -81,3 +81,22 @@ def test_position_buckets_average_nll_before_exponentiating():
     buckets = position_buckets(nll, 2)
     assert [(b["start"], b["end"]) for b in buckets] == [(0, 2), (2, 4)]
     assert buckets[0]["ppl"] == pytest.approx(math.exp(2.0)) and buckets[1]["ppl"] == pytest.approx(math.exp(2.5))
+
+
+def test_outputs_that_meet_a_file_size_limit_are_named_and_leave_no_cut_file(results, tmp_path):
+    """`ulimit -f` (a full disk says the same) while the plots are written: one error naming the plot
+    and what was written whole before it; no cut PNG under its name, no temporary file left."""
+    import resource
+
+    from implicit_megatron.evaluation.runner import OutputNotWritten, write_outputs
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (24 * 1024, hard))  # the text fits, a plot does not
+    try:
+        with pytest.raises(OutputNotWritten) as refused:
+            write_outputs(results, tmp_path)
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+    assert str(refused.value).startswith(f"{tmp_path / 'per_position_ppl.png'}: not written (OSError: ")
+    assert str(refused.value).endswith("; written whole before it: results.json, results.md")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["results.json", "results.md"]
