@@ -30,13 +30,17 @@ class DistributedBatchIterator:
     """Yields torch.LongTensor (micro_batch_size, seq_len + 1) for rank `dp_rank` of `dp_size`."""
 
     def __init__(self, dataset: Samples, micro_batch_size: int, dp_rank: int, dp_size: int,
-                 grad_accum: int = 1, consumed_samples: int = 0) -> None:
+                 grad_accum: int = 1, consumed_samples: int = 0, vocab_size: int | None = None,
+                 source: str = "the dataset") -> None:
+        """`vocab_size`: every token id served is below it, or the batch is refused naming `source`
+        (the shards), the sample and the id: a shard changed under a running job (random bytes
+        written into it) would otherwise end in an embedding's IndexError that names nothing."""
         if micro_batch_size < 1 or dp_size < 1 or grad_accum < 1:
             raise ValueError(f"micro_batch_size, dp_size and grad_accum must be positive, got "
                              f"{micro_batch_size}, {dp_size}, {grad_accum}")
         if not 0 <= dp_rank < dp_size:
             raise ValueError(f"dp_rank {dp_rank} is not in [0, {dp_size})")
-        self.dataset = dataset
+        self.dataset, self.vocab_size, self.source = dataset, vocab_size, source
         self.micro_batch_size, self.dp_rank, self.dp_size, self.grad_accum = (
             micro_batch_size, dp_rank, dp_size, grad_accum)
         self.consumed_samples = 0
@@ -68,6 +72,11 @@ class DistributedBatchIterator:
             raise StopIteration
         start = self.consumed_samples + self.dp_rank * self.micro_batch_size
         batch = np.stack([self.dataset[i] for i in range(start, start + self.micro_batch_size)])
+        if self.vocab_size is not None and batch.size and int(batch.max()) >= self.vocab_size:
+            row = int(np.argmax(batch.max(axis=1) >= self.vocab_size))
+            raise ValueError(f"{self.source}: sample {start + row} holds token id {int(batch[row].max())}, past the "
+                             f"vocabulary of {self.vocab_size}: the shards changed under the run, or were made with "
+                             "another tokenizer; copy or rebuild them")
         self.consumed_samples += self.step_size
         import torch
 

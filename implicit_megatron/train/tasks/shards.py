@@ -51,7 +51,8 @@ def train_batches(cfg: Config, dp_rank: int, dp_size: int, grad_accum: int) -> D
     dataset = build_packed_dataset(cfg.data.prefixes, cfg.data.weights, "train", seq_len=cfg.data.seq_len,
                                    seed=cfg.data.seed, num_samples=cfg.train.steps * cfg.train.global_batch_size,
                                    cache_dir=cfg.data.index_cache)
-    return DistributedBatchIterator(dataset, cfg.train.micro_batch_size, dp_rank, dp_size, grad_accum)
+    return DistributedBatchIterator(dataset, cfg.train.micro_batch_size, dp_rank, dp_size, grad_accum,
+                                    vocab_size=cfg.model.vocab_size, source=f"data.prefixes {cfg.data.prefixes}")
 
 
 def valid_dataset(cfg: Config):

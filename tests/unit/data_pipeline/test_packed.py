@@ -250,3 +250,15 @@ def test_the_index_cache_goes_beside_shards_still_to_be_built(tmp_path, monkeypa
     if os.access(tmp_path / "locked", os.W_OK):
         pytest.skip("this user writes anywhere (root)")
     assert index_cache_dir([str(tmp_path / "locked" / "new" / "neox")]).startswith(str(tmp_path / "user-cache"))
+
+
+def test_a_token_id_past_the_vocabulary_is_refused_naming_the_shards_and_the_sample():
+    """Random bytes written into a shard under a running job: the batch that reads them is refused by
+    name, not served to an embedding whose IndexError names nothing."""
+    samples = [np.full(9, 5, dtype=np.uint16) for _ in range(8)]
+    samples[5][3] = 60_000
+    batches = DistributedBatchIterator(samples, 2, 0, 1, 1, vocab_size=50_277, source="data.prefixes [/d/neox]")
+    assert next(batches).shape == (2, 9) and next(batches).shape == (2, 9)
+    with pytest.raises(ValueError, match=r"^data.prefixes \[/d/neox\]: sample 5 holds token id 60000, past the "
+                                         r"vocabulary of 50277: the shards changed under the run"):
+        next(batches)
