@@ -28,7 +28,13 @@ def import_megatron() -> None:
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # optional-kernel and deprecation notices from its import
-        import_megatron_datasets()
+        try:
+            import_megatron_datasets()
+        except ImportError as err:
+            if "failed to map segment" not in str(err) and "Cannot allocate memory" not in str(err):
+                raise
+            raise MemoryError(f"torch, which megatron-core's shard reader and writer import, could not be loaded "
+                              f"({str(err).splitlines()[0]})") from None
 
 
 def megatron_indexed() -> tuple[Any, Any]:

@@ -43,6 +43,15 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def memory_limit() -> str:
+    """This process's address-space limit, in words (`ulimit -v`)."""
+    import resource
+
+    soft = resource.getrlimit(resource.RLIMIT_AS)[0]
+    return "no address-space limit" if soft == resource.RLIM_INFINITY else f"an address-space limit of " \
+        f"{soft / 2**30:.2f} GiB (ulimit -v {soft // 1024})"
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     config = PreprocessConfig(
@@ -58,6 +67,11 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("preprocess: interrupted; rerun the same command to resume", file=sys.stderr)
         return 130
+    except MemoryError as err:  # a memory limit (ulimit -v, a container's) too small for the libraries or the data
+        print(f"preprocess: error: out of memory ({err or 'MemoryError'}) under {memory_limit()}; the finished inputs "
+              f"are kept in {config.output_prefix}.work: raise the limit or use fewer --workers, and rerun the same "
+              "command to resume", file=sys.stderr)
+        return 1
     except OSError as err:  # a full or read-only disk, most often: one line, and what is kept for a rerun
         where = err.filename or f"{config.output_prefix}_* ({os.path.dirname(os.path.abspath(config.output_prefix))})"
         print(f"preprocess: error: {where}: {err.strerror or err}; the finished inputs are kept in "

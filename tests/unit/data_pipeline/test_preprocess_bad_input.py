@@ -173,3 +173,27 @@ def test_no_document_is_an_error_naming_the_likely_cause(tmp_path, run_cli, neox
         assert result.returncode == 2, result.stderr
         assert result.stderr.strip().splitlines() == [expected]
         assert not [p.name for p in out.iterdir() if not p.name.endswith(".lock")]  # no shard, no .work
+
+
+@pytest.mark.processes
+def test_a_memory_limit_too_small_for_torch_is_named_in_one_line(tmp_path, corpus_path):
+    """Under `ulimit -v` too small for torch's libraries (which megatron-core's shard writer loads), one
+    line that says memory and the limit, not `ImportError: libtorch_cpu.so: failed to map segment`."""
+    import resource
+    import subprocess
+    import sys
+
+    from support.processes import ROOT
+
+    def limit_memory() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (600 * 2**20, resource.RLIM_INFINITY))
+
+    result = subprocess.run([sys.executable, "-m", "data_pipeline.preprocess", "--input", corpus_path, "--tokenizer",
+                             str(ROOT / "data/tokenizers/gpt-neox-20b.json.xz"), "--output-prefix",
+                             str(tmp_path / "neox"), "--workers", "1", "--quiet"], cwd=ROOT, capture_output=True,
+                            text=True, preexec_fn=limit_memory, timeout=120)
+    assert result.returncode == 1, result.stderr[-3000:]
+    assert result.stderr.startswith("preprocess: error: out of memory (torch, which megatron-core's shard reader and "
+                                    "writer import, could not be loaded (") and "Traceback" not in result.stderr
+    assert "under an address-space limit of 0.59 GiB (ulimit -v 614400)" in result.stderr
+    assert not list(tmp_path.glob("neox_*"))  # no shard published
