@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from implicit_megatron.errors import first_line
+
 EOD_CANDIDATES = ("<|endoftext|>", "<|end_of_text|>", "</s>", "<eos>", "<|eos|>")
 
 
@@ -106,9 +108,8 @@ def _check_speed(backend, path: Path) -> None:
     except BaseException as err:  # noqa: BLE001 - the regex engine's give-up is a Rust panic (a BaseException)
         if isinstance(err, KeyboardInterrupt | SystemExit):
             raise
-        why = f"{type(err).__name__}: {(str(err).splitlines() or [''])[0][:200]}"
-        raise ValueError(f"{path}: encoding a {len(SPEED_PROBE)}-character sample failed ({why}): a normalizer or "
-                         "pre-tokenizer regex that backtracks; refused") from None
+        raise ValueError(f"{path}: encoding a {len(SPEED_PROBE)}-character sample failed ({first_line(err)}): a "
+                         "normalizer or pre-tokenizer regex that backtracks; refused") from None
     took = time.perf_counter() - start
     if took > SPEED_LIMIT_S:
         raise ValueError(f"{path}: encoding a {len(SPEED_PROBE)}-character sample took {took:.2f} s (a normalizer or "

@@ -36,6 +36,8 @@ from data_pipeline.sources import (
     read_batches,
     resolve_inputs,
 )
+from implicit_megatron.errors import first_line
+from implicit_megatron.utils.safe_write import replaced_files
 
 EOD = "<|endoftext|>"
 PAD = "<|padding|>"
@@ -129,23 +131,16 @@ class NotWritten(RuntimeError):
 
 @contextlib.contextmanager
 def published(paths: list[Path]):
-    """Temporary names beside `paths` to write, each renamed to its own name only once every one is
-    whole: a full disk or a file-size limit leaves no cut tokenizer under the name (nor a model
-    without its vocabulary), and a file that was there before stays as it was."""
-    tag = f".partial-{os.getpid()}"
-    partials = [p.with_name(f".{p.stem}{tag}{p.suffix}") for p in paths]
+    """safe_write.replaced_files, its failure one NotWritten naming the file, the cause and what is left:
+    a full disk or a file-size limit leaves no cut tokenizer under the name (nor a model without its
+    vocabulary), and a file that was there before stays as it was."""
     try:
-        yield partials
-        for partial, path in zip(partials, paths, strict=True):
-            os.replace(partial, path)
-    except Exception as err:  # noqa: BLE001 - the writers' errors (Rust, C++) share no type; each is named below
+        with replaced_files(paths) as partials:
+            yield partials
+    except Exception as err:  # noqa: BLE001 - the writers' errors (Rust, C++) share no type; each is named here
         kept = [str(p) for p in paths if p.exists()]
-        cause = (str(err).splitlines() or [type(err).__name__])[0][:300]
-        raise NotWritten(f"{paths[0]}: not written ({cause}); " + (f"{', '.join(kept)} left as it was" if kept else
-                                                                   "nothing was written under its name")) from None
-    finally:
-        for partial in partials:
-            partial.unlink(missing_ok=True)
+        raise NotWritten(f"{paths[0]}: not written ({first_line(err)}); " + (
+            f"{', '.join(kept)} left as it was" if kept else "nothing was written under its name")) from None
 
 
 def main(argv: list[str] | None = None) -> int:

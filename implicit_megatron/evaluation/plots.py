@@ -3,8 +3,9 @@ token, and the per-position perplexity difference between sequential and simulta
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
+
+from implicit_megatron.utils.safe_write import replaced_files
 
 
 def pyplot():
@@ -81,14 +82,12 @@ def _save(plt, fig, ax, ylabel: str, title: str, out: Path, legend: bool) -> Pat
 
 
 def write_png(plt, fig, out: Path, dpi: int) -> Path:
-    """The figure as `out`, written under a temporary name and renamed when whole (a full disk leaves
+    """The figure as `out`, written whole or not at all (safe_write.replaced_files: a full disk leaves
     the plot there before, not a cut one); the figure is freed either way."""
-    partial = out.with_name(f".{out.name}.partial-{os.getpid()}")
     try:
-        fig.savefig(partial, dpi=dpi, format="png")
-        os.replace(partial, out)
+        with replaced_files([out]) as (partial,):
+            fig.savefig(partial, dpi=dpi, format="png")
     finally:
-        partial.unlink(missing_ok=True)
         plt.close(fig)
     return out
 

@@ -8,7 +8,6 @@ results.md (the paper's table layouts) and PNG plots in `output`, and MLflow whe
 
 from __future__ import annotations
 
-import errno
 import json
 import re
 import sys
@@ -35,7 +34,7 @@ from implicit_megatron.evaluation.sequential import SequentialResult, run_sequen
 from implicit_megatron.evaluation.windows import check_prefix, load_windows
 from implicit_megatron.utils.output_paths import output_problem
 from implicit_megatron.utils.own_files import foreign_entry, foreign_entry_inside
-from implicit_megatron.utils.safe_write import replace_text
+from implicit_megatron.utils.safe_write import out_of_room, replace_text
 
 TASKS = ("ppl", "extrapolation", "dynamics", "duality", "lm_eval")
 DATA_TASKS = ("ppl", "extrapolation", "dynamics", "duality")
@@ -260,7 +259,7 @@ def write_outputs(results: dict, out: Path) -> list[Path]:
         try:
             write(path)
         except OSError as err:
-            if err.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
+            if not out_of_room(err):
                 raise
             whole = f"written whole before it: {', '.join(f.name for f in files)}" if files else "nothing written"
             raise OutputNotWritten(f"{path}: not written ({first_line(err)}); {whole}") from None

@@ -14,7 +14,6 @@ stops where tools/generate.py stops) and the padding rows of the vocabulary as `
 
 from __future__ import annotations
 
-import errno
 import json
 import os
 import shutil
@@ -33,6 +32,7 @@ from implicit_megatron.errors import first_line
 from implicit_megatron.hf.remote_code import AUTO_MAP, write_remote_code
 from implicit_megatron.models.lm import LanguageModel
 from implicit_megatron.utils.json_config import read_json_config
+from implicit_megatron.utils.safe_write import out_of_room
 from implicit_megatron.utils.whole_folder import written_whole
 
 MODEL_FILE, CONFIG_FILE = "model.safetensors", "config.json"
@@ -51,18 +51,11 @@ def write_folder(out: Path, model: LanguageModel, cfg: Config, dtype: torch.dtyp
         with written_whole(out) as partial:
             _write_files(partial, model, cfg, dtype, source)
     except Exception as err:
-        if not write_failure(err):
+        if not out_of_room(err):
             raise
         left = "the folder there before is left as it was" if Path(out).exists() else "nothing is left under its name"
         raise OSError(f"{out}: not written ({first_line(err)}); {left}") from None
     return Path(out)
-
-
-def write_failure(err: BaseException) -> bool:
-    """A full disk, a quota or a file-size limit, as the OS or safetensors (which keeps no errno) says it."""
-    if isinstance(err, OSError):
-        return err.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
-    return type(err).__name__ == "SafetensorError"
 
 
 def tokenizer_to_copy(cfg: Config, given: str | Path | None, places: tuple[Path, ...] = ()) -> Path:

@@ -30,8 +30,9 @@ def foreign_entry(folder: Path, hard_links: bool = False) -> str | None:
             if not (path.is_file() or path.is_dir()):
                 return f"{path} is not a plain file or folder"
             staged = any(part.endswith(STAGING_SUFFIX) for part in path.relative_to(folder).parts[:-1])
-            if hard_links and path.is_file() and not staged and _hard_linked(path):
-                return _hard_linked(path)
+            linked = _hard_linked(path) if hard_links and path.is_file() and not staged else None
+            if linked:
+                return linked
     return None
 
 

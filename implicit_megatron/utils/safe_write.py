@@ -9,11 +9,39 @@ followed, and a kill leaves the old file), and an append refuses a link.
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import os
 import shutil
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TextIO
+
+OUT_OF_ROOM = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)  # a full disk, a quota, a file-size limit
+
+
+def out_of_room(err: BaseException) -> bool:
+    """Whether a write failed for want of room, as the OS says it or safetensors (which keeps no errno)."""
+    if isinstance(err, OSError):
+        return err.errno in OUT_OF_ROOM
+    return type(err).__name__ == "SafetensorError"
+
+
+@contextlib.contextmanager
+def replaced_files(paths: list[Path]) -> Iterator[list[Path]]:
+    """Paths to write in a new hidden folder beside the first of `paths` (made exclusively: a link
+    planted beside is never written through); when the block ends without error each is renamed over
+    its own name, so a full disk, a size limit or a kill leaves the files there before, never a cut
+    one (nor one file of a pair). The hidden folder is removed either way."""
+    folder = Path(tempfile.mkdtemp(dir=paths[0].parent, prefix=f".{paths[0].name}.", suffix=".tmp"))
+    try:
+        partials = [folder / p.name for p in paths]
+        yield partials
+        for partial, path in zip(partials, paths, strict=True):
+            os.replace(partial, path)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def replace_text(path: str | Path, text: str, fsync: bool = False) -> None:

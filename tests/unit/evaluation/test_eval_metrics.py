@@ -85,13 +85,15 @@ def test_position_buckets_average_nll_before_exponentiating():
 
 def test_outputs_that_meet_a_file_size_limit_are_named_and_leave_no_cut_file(results, tmp_path):
     """`ulimit -f` (a full disk says the same) while the plots are written: one error naming the plot
-    and what was written whole before it; no cut PNG under its name, no temporary file left."""
+    and what was written whole before it; the plot there before kept (PIL removes the file it could
+    not finish, so a plot written in place would be lost), no temporary file left."""
     import resource
 
     from implicit_megatron.evaluation.runner import OutputNotWritten, write_outputs
 
+    (tmp_path / "per_position_ppl.png").write_bytes(b"the plot from before")
     soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
-    resource.setrlimit(resource.RLIMIT_FSIZE, (24 * 1024, hard))  # the text fits, a plot does not
+    resource.setrlimit(resource.RLIMIT_FSIZE, (12 * 1024, hard))  # the text fits, a plot does not
     try:
         with pytest.raises(OutputNotWritten) as refused:
             write_outputs(results, tmp_path)
@@ -99,4 +101,5 @@ def test_outputs_that_meet_a_file_size_limit_are_named_and_leave_no_cut_file(res
         resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
     assert str(refused.value).startswith(f"{tmp_path / 'per_position_ppl.png'}: not written (OSError: ")
     assert str(refused.value).endswith("; written whole before it: results.json, results.md")
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["results.json", "results.md"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["per_position_ppl.png", "results.json", "results.md"]
+    assert (tmp_path / "per_position_ppl.png").read_bytes() == b"the plot from before"
