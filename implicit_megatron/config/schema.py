@@ -233,8 +233,9 @@ class DistributedConfig:
     precision: Literal["bf16", "fp16", "fp32"] = "bf16"
     activation_checkpointing: bool = False  # recompute each block in backward (no CUDA graphs then)
     backend: Literal["auto", "nccl", "gloo"] = "auto"  # torch.distributed backend; auto: nccl with GPUs, gloo without
-    # the longest any rank waits for the others in a collective (Megatron's --distributed-timeout-minutes): a rank
-    # stopped, hung or lost ends the job after it, naming the rank and step; raise it for long rank-0 work at start-up
+    # the longest a rank may give no sign of life (stopped, hung, cut off) before the job ends naming it; a step,
+    # validation or save may take any time. A collective that a living rank never joins ends at twice this
+    # (Megatron's --distributed-timeout-minutes); raise it for long rank-0 work at start-up (a universal conversion)
     timeout_minutes: float = 10.0
 
 

@@ -27,10 +27,23 @@ def init_distributed(cfg: Config) -> None:
     if not torch.cuda.is_available():
         # DeepSpeed otherwise compiles a shared-memory op (~90 s) at the first init on CPU.
         deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
-    deepspeed.init_distributed(dist_backend=process_group_backend(cfg), verbose=False,
-                               timeout=timedelta(minutes=cfg.distributed.timeout_minutes))
+    timeout = collective_timeout(cfg)
+    # DeepSpeed makes its own groups (torch.distributed.new_group without a timeout), which take torch's
+    # default (30 minutes); its module-level default is the one place that reaches them.
+    from torch.distributed import distributed_c10d
+
+    distributed_c10d.default_pg_timeout = timeout
+    if hasattr(distributed_c10d, "default_pg_nccl_timeout"):
+        distributed_c10d.default_pg_nccl_timeout = timeout
+    deepspeed.init_distributed(dist_backend=process_group_backend(cfg), verbose=False, timeout=timeout)
     if torch.cuda.is_available():
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+
+
+def collective_timeout(cfg: Config) -> timedelta:
+    """The process groups' own timeout: twice distributed.timeout_minutes, so the stall watch names a
+    silent rank first (train/stall_watch.py) and this ends only a collective a living rank never joins."""
+    return timedelta(minutes=2 * cfg.distributed.timeout_minutes)
 
 
 def local_device() -> torch.device:

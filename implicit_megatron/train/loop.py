@@ -61,6 +61,7 @@ class Trainer:
         safe_load.set_trust(cfg.checkpoint.trust_pickle)
         init_distributed(cfg)
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
+        self.stall = StallWatch(cfg.distributed.timeout_minutes, self.rank, self.world)  # start-up is watched too
         self.callbacks = callbacks.registered()
         self.task = build_task(cfg)
         apply_environment(cfg)  # MLflow's own variables, where the config sets no store or experiment
@@ -75,7 +76,9 @@ class Trainer:
         self.model = build_training_model(cfg, self.timers.section if cfg.train.timers else None)
         self.backbone_params = sum(p.numel() for p in self.model.core.backbone.parameters())
         self.checkpointer = Checkpointer(cfg, self.rank, self.world, self.log, self._before_latest)
+        self.stall.doing("start-up: preparing the checkpoint to start from")
         source = self.checkpointer.prepare(self.model)  # before the engine: it may name a universal load
+        self.stall.doing("start-up: building the engine")
         self.engine = build_engine(cfg, self.model, load_universal=source is not None and source.how == "universal")
         stopping.check()  # a SIGTERM while the engine was built
         self.accum = self.engine.gradient_accumulation_steps()
@@ -86,7 +89,6 @@ class Trainer:
         self.loss_jump = LossJumpGuard(cfg.checkpoint.max_loss_jump, self.log)
         self.preemption = stopping.Preemption(cfg.output_dir, self.rank, cfg.train.exit_after_minutes)
         self.interval = IntervalMetrics()
-        self.stall = StallWatch(cfg.distributed.timeout_minutes, self.rank)
         self.peak_flops = peak_flops_per_device(cfg)
         self.eod_id = load_tokenizer(cfg.data.tokenizer).eod_id if cfg.model.separate_documents else None
 
@@ -96,6 +98,7 @@ class Trainer:
         return self.checkpointer.source
 
     def resume(self) -> None:
+        self.stall.doing("start-up: loading the checkpoint")
         state = self.checkpointer.resume(self.engine, self.task, self.batches, self.progress)
         self.phases.resume(state, self.progress.step)
 
@@ -113,6 +116,7 @@ class Trainer:
             final = f"; the last one, at step {last[-1]['step']}: {validation_text(last[-1])}" if last else ""
             self.log(f"already complete: step {start} of {end} (train.steps); nothing to train{final}")
             self.reporter.tracker.finish("FINISHED")
+            self.stall.done()
             return
         status, t, p = "FINISHED", self.cfg.train, self.progress
         self.reporter.begin(start, end, sum(param.numel() for param in self.model.parameters()),

@@ -1,40 +1,156 @@
-"""Ending a rank that waits for the others too long, naming the rank, the step and what it was doing.
+"""Ending a job in which a rank has stopped giving signs of life, naming that rank and what it was doing.
 
 A rank that is stopped (SIGSTOP, a debugger), hung or cut off leaves the others blocked in a
-collective: DeepSpeed makes its own process groups with torch's default timeouts (30 minutes on
-gloo; NCCL's watchdog names no step), and a launcher sees no rank exit, so nothing ends the job.
-Each rank runs this watch: the loop says what it starts (`doing`: a step, a validation, a save),
-and when that has not finished within distributed.timeout_minutes the rank prints one line and
-exits 1, which makes the launcher end every rank. The watch reads the clock, never the device.
+collective, and a launcher sees no rank exit, so nothing would end the job. A healthy rank, though,
+may take any time over a step, a validation or a save. So each rank's watch thread, from the moment
+the process group exists, writes a heartbeat (a count and what its rank is doing) into the launch's
+rendezvous store every few seconds, and reads the heartbeat of the next rank round the ring: one
+write and one read per rank and period, however many ranks there are. When the next rank's
+heartbeat has not changed for distributed.timeout_minutes, or the store has not answered for that
+long, the watch prints one line naming the silent rank and what it was doing, and exits 1, which
+makes the launcher end every rank. The work itself is never timed.
+
+Time while this process itself was stopped (SIGSTOP or SIGCONT of the whole job, as a SLURM suspend,
+`docker pause` or Ctrl-Z do) is not counted: the watch sees its own sleep overrun and starts counting
+afresh. In a world of one process nothing waits for another rank, and there is no watch.
+
+The process groups' own timeouts (engine.collective_timeout: twice the limit) only end a collective
+that a living rank never joins; the watch speaks first for any silent rank.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import time
+from collections.abc import Callable
+
+_section = "start-up"
+
+
+def section() -> str:
+    """What this rank was last doing (e.g. 'step 12', 'start-up: building the engine'), for error lines."""
+    return _section
+
+
+def _exit_naming(line: str) -> None:
+    os.write(2, (line + "\n").encode())
+    os._exit(1)
 
 
 class StallWatch:
-    def __init__(self, minutes: float, rank: int) -> None:
-        self.limit, self.minutes, self.rank = 60.0 * minutes, minutes, rank
-        self.what: str | None = None
-        self.since = 0.0
-        threading.Thread(target=self._watch, name="stall-watch", daemon=True).start()
+    def __init__(self, minutes: float, rank: int, world: int, store=None,
+                 on_stall: Callable[[str], None] = _exit_naming) -> None:
+        """`store`: the rendezvous store (torch.distributed's default store unless given); `on_stall`
+        receives the line (the default prints it and exits 1)."""
+        self.limit, self.minutes, self.rank, self.world = 60.0 * minutes, minutes, rank, world
+        self.period = min(5.0, max(self.limit / 10, 0.05))
+        self.on_stall = on_stall
+        self.finished = threading.Event()
+        self.what = "start-up"
+        if world < 2:
+            return
+        if store is None:
+            from torch.distributed import distributed_c10d
+
+            store = distributed_c10d._get_default_store()
+        self.address = _address(store)
+        self.store = store.clone()  # a connection of its own: the training's store calls never wait on ours
+        attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")  # a restarted torchrun keeps its store
+        self.mine = f"stall_watch/{attempt}/{rank}"
+        self.neighbour = (rank + 1) % world
+        self.theirs = f"stall_watch/{attempt}/{self.neighbour}"
+        # When the next rank's heartbeat last changed and the store last answered (the talker's clock),
+        # what the next rank last said, and the store's last error.
+        self.heard = self.reached = time.monotonic()
+        self.said: str | None = None
+        self.error = ""
+        # A store call can block for ever (a stopped store host answers nothing), so one thread talks
+        # and another judges.
+        self.thread = threading.Thread(target=self._talk, name="stall-watch-heartbeat", daemon=True)
+        self.thread.start()
+        threading.Thread(target=self._judge, name="stall-watch", daemon=True).start()
 
     def doing(self, what: str) -> None:
-        """From now, `what` (e.g. 'step 12') must end within the limit, or the next `doing` or `done` come."""
-        self.what, self.since = what, time.monotonic()
+        """Say what this rank does from now (e.g. 'step 12'): the next rank names it if this one falls silent."""
+        global _section
+        self.what = _section = what
 
     def done(self) -> None:
-        self.what = None
+        """This rank has finished: the previous rank, which watches it, is told so; waits a moment for
+        that, as the process may exit next."""
+        self.what = "finished"
+        if self.world > 1 and not self.finished.is_set():
+            self.finished.set()
+            self.thread.join(timeout=2.0)
 
-    def _watch(self) -> None:
-        while True:
-            time.sleep(min(5.0, max(self.limit / 10, 0.1)))
-            what, since = self.what, self.since
-            if what is not None and time.monotonic() - since > self.limit:
-                os.write(2, f"[train] error on rank {self.rank}: {what} has not finished within "
-                            f"distributed.timeout_minutes={self.minutes:g}: another rank has stopped, hung or lost its "
-                            "connection (or this one is far slower than the others); ending the job\n".encode())
-                os._exit(1)
+    def _talk(self) -> None:
+        beats, watching = 0, True
+        while not self.finished.wait(self.period):
+            beats += 1
+            try:
+                self.store.set(self.mine, f"{beats} {self.what}")
+                said = self.store.get(self.theirs).decode() if watching and self.store.check([self.theirs]) else None
+            except Exception as err:  # noqa: BLE001 - a timeout or a lost connection: judged, never raised
+                self.error = str(err).splitlines()[0][:200] if str(err) else type(err).__name__
+                continue
+            self.reached = time.monotonic()
+            if said == "finished":
+                watching = False  # the next rank has ended its run: beat on for the previous one
+            if not watching or said != self.said:
+                self.said, self.heard = said, self.reached
+        with contextlib.suppress(Exception):  # the job is over: a store already gone is no error
+            self.store.set(self.mine, "finished")
+
+    def _judge(self) -> None:
+        slack = max(2.0, self.period)  # how late a sleep may end before it counts as a pause of this process
+        fresh = tick = time.monotonic()  # silence before `fresh` is not counted
+        while not self.finished.wait(self.period):
+            now = time.monotonic()
+            if now - tick > self.period + slack:
+                fresh = now  # this process was stopped (or starved): count afresh
+            tick = now
+            if now - max(self.reached, fresh) > self.limit:
+                why = f": {self.error}" if self.error else ""
+                return self._stall(f"the rendezvous store at {self.address} has not answered for "
+                                   f"{now - max(self.reached, fresh):.0f} s (its host or the network is down{why})")
+            if now - max(self.heard, fresh) > self.limit:
+                doing = self.said.split(" ", 1)[1] if self.said else "start-up"
+                return self._stall(f"rank {self.neighbour} has given no sign of life for "
+                                   f"{now - max(self.heard, fresh):.0f} s (its last heartbeat: {doing}): it has "
+                                   "stopped (a signal, a debugger), hung or lost its connection")
+
+    def _stall(self, why: str) -> None:
+        if self.finished.is_set():
+            return
+        self.on_stall(f"[train] error on rank {self.rank} ({self.what}): {why}; ending the job after "
+                      f"distributed.timeout_minutes={self.minutes:g} (raise it if a rank may stop for longer)")
+
+
+def _address(store) -> str:
+    """host:port of the TCPStore under the prefix stores torch wraps it in (for the error line)."""
+    while hasattr(store, "underlying_store"):
+        store = store.underlying_store
+    host, port = getattr(store, "host", None), getattr(store, "port", None)
+    return f"{host}:{port}" if host else type(store).__name__
+
+
+def name_timeout(err: BaseException, rank: int, minutes: float) -> str | None:
+    """One line for a process group's or store's own timeout (gloo's 'Timed out waiting', a store's 'wait
+    timeout ... keys: ...'), naming what the rank was doing and the key to raise; None for other errors."""
+    text = str(err)
+    import torch.distributed as dist
+
+    store = isinstance(err, dist.DistStoreError) and "timeout" in text
+    collective = isinstance(err, RuntimeError) and any(
+        mark in text for mark in ("Timed out waiting", "Application timeout caused pair closure",
+                                  "collective operation timeout"))
+    if not (store or collective):
+        return None
+    kind = "the rendezvous store" if store else "a collective"
+    return (f"[train] error on rank {rank} ({section()}): {kind} timed out waiting for the other ranks after "
+            f"{2 * minutes:g} minutes (twice distributed.timeout_minutes={minutes:g}); unless a line above names "
+            f"a silent rank, one kept the others waiting that long: raise distributed.timeout_minutes if it may "
+            f"(e.g. a long universal conversion at start-up). {type(err).__name__}: "
+            f"{text.splitlines()[0][:300] if text else ''}")

@@ -1,20 +1,25 @@
 """A rank that stops answering (SIGSTOP: a debugger, a frozen node) ends the whole job within
-distributed.timeout_minutes, with one line naming the rank and the step it was waiting in; without
-a limit the other ranks waited in their collective for ever and a launcher saw nothing to end."""
+distributed.timeout_minutes, with one line naming that rank and what it was doing, in a step as in a
+resume's start-up; a pause of the whole job (SIGSTOP then SIGCONT of every process, as Ctrl-Z or a
+SLURM suspend do) longer than the limit is not counted, and the run goes on."""
 
 from __future__ import annotations
 
 import json
 import os
+import queue
+import re
 import signal
 import subprocess
+import threading
 import time
 
 import psutil
 import pytest
-from support.processes import ROOT, child_env, kill_tree, torchrun_command
+from support.processes import ROOT, child_env, kill_tree, signal_job, torchrun_command
 
 TINY = "configs/tiny/mamba2-implicit.yaml"
+LIMIT = 0.15  # minutes: 9 s of silence
 
 
 def logged_steps(out) -> int:
@@ -22,30 +27,79 @@ def logged_steps(out) -> int:
     return len(path.read_text().splitlines()) if path.is_file() else 0
 
 
-@pytest.mark.distributed
-def test_a_stopped_rank_ends_the_job_naming_the_rank_and_the_step(shakespeare_shards, tmp_path):
-    args = [f"data.prefixes=[{shakespeare_shards}]", "data.source=null", f"train.output_dir={tmp_path}",
-            "train.steps=100000", "train.log_interval=1", "train.eval_interval=100000", "checkpoint.interval=100000",
-            "tracking.enabled=false", "distributed.timeout_minutes=0.1"]
+def launch(out, *extra: str) -> tuple[subprocess.Popen, queue.Queue]:
+    args = ["data.source=null", f"train.output_dir={out}", "train.steps=100000", "train.log_interval=1",
+            "train.eval_interval=100000", "checkpoint.interval=2", "checkpoint.keep_last=1",
+            "tracking.enabled=false", f"distributed.timeout_minutes={LIMIT}", *extra]
     proc = subprocess.Popen(torchrun_command("-m", "implicit_megatron.train", TINY, *args), cwd=ROOT,
                             env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True)
+    lines: queue.Queue = queue.Queue()
+    threading.Thread(target=lambda: [lines.put(line) for line in proc.stdout], daemon=True).start()  # type: ignore[union-attr]
+    return proc, lines
+
+
+def rank1(proc) -> psutil.Process:
+    return next(p for p in psutil.Process(proc.pid).children(recursive=True) if p.environ().get("RANK") == "1")
+
+
+def wait_for(condition, proc, seconds: float, what: str) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert proc.poll() is None and time.monotonic() < deadline, f"{what} never came"
+        time.sleep(0.2)
+
+
+def output_until_exit(proc, lines: queue.Queue, seconds: float) -> tuple[str, float]:
+    start = time.monotonic()
+    proc.wait(timeout=seconds)
+    ended = time.monotonic() - start
+    time.sleep(0.5)  # the reader thread drains the pipe
+    return "".join(lines.queue), ended
+
+
+@pytest.mark.distributed
+def test_a_stopped_rank_ends_the_job_naming_it_a_paused_job_goes_on(shakespeare_shards, tmp_path):
+    data = f"data.prefixes=[{shakespeare_shards}]"
+    proc, lines = launch(tmp_path, data)
     try:
-        deadline = time.monotonic() + 180
-        while logged_steps(tmp_path) < 2:
-            assert proc.poll() is None and time.monotonic() < deadline, "the run never trained"
-            time.sleep(0.2)
-        rank1 = next(p for p in psutil.Process(proc.pid).children(recursive=True) if p.environ().get("RANK") == "1")
-        os.kill(rank1.pid, signal.SIGSTOP)
-        stopped = time.monotonic()
-        out, _ = proc.communicate(timeout=150)
-        ended = time.monotonic() - stopped
+        wait_for(lambda: logged_steps(tmp_path) >= 2, proc, 180, "training")
+        signal_job(proc.pid, signal.SIGSTOP)  # the whole job, launcher included, for longer than the limit
+        time.sleep(14)
+        signal_job(proc.pid, signal.SIGCONT)
+        paused_at = logged_steps(tmp_path)
+        wait_for(lambda: logged_steps(tmp_path) >= paused_at + 2, proc, 60, "a step after the pause")
+        os.kill(rank1(proc).pid, signal.SIGSTOP)
+        out, ended = output_until_exit(proc, lines, 150)
     finally:
         kill_tree(proc.pid)
     assert proc.returncode != 0
-    named = [line for line in out.splitlines() if line.startswith("[train] error on rank 0: step ")]
-    assert named and "has not finished within distributed.timeout_minutes=0.1" in named[0], out[-3000:]
-    step = int(named[0].split("step ")[1].split()[0])
-    assert step > logged_steps(tmp_path) >= 2  # the step after the last one rank 0 finished
+    named = [line for line in out.splitlines() if line.startswith("[train] error on rank 0 (")]
+    assert named and "): rank 1 has given no sign of life for " in named[0], out[-3000:]
+    assert f"distributed.timeout_minutes={LIMIT}" in named[0], out[-3000:]
+    said = re.search(r"\(its last heartbeat: (step|the checkpoint of step) (\d+)\)", named[0])
+    assert said, named[0]
+    step = int(said.group(2))
+    assert paused_at < step <= logged_steps(tmp_path) + 1, (paused_at, named[0])  # heartbeats come every 0.9 s
     assert ended < 120, ended
-    print(json.dumps({"seconds_from_stop_to_exit": round(ended, 1)}))
+
+    # A resume whose rank 1 stops in its start-up: the job ends too, naming the start-up.
+    proc, lines = launch(tmp_path, data)
+    try:
+        wait_for(lambda: any("starting from" in line for line in list(lines.queue)), proc, 180, "the resume")
+        stopped, start = rank1(proc), time.monotonic()
+        stopped.suspend()
+        wait_for(lambda: any(line.startswith("[train] error on rank 0") for line in list(lines.queue)), proc, 120,
+                 "rank 0's line")
+        stopped.resume()  # rank 1 may now take torchrun's SIGTERM (the first part waited out its 30 s grace)
+        out, _ = output_until_exit(proc, lines, 150)
+        ended_start_up = time.monotonic() - start
+    finally:
+        kill_tree(proc.pid)
+    assert proc.returncode != 0
+    named = [line for line in out.splitlines() if line.startswith("[train] error on rank 0 (start-up")]
+    assert named and "rank 1 has given no sign of life for " in named[0], out[-3000:]
+    assert "heartbeat: start-up" in named[0], named[0]
+    assert ended_start_up < 120, ended_start_up
+    print(json.dumps({"seconds_from_stop_to_exit": round(ended, 1),
+                      "seconds_from_stop_in_start_up_to_exit": round(ended_start_up, 1)}))
