@@ -146,17 +146,18 @@ def _signal_state() -> dict[str, list[str]]:
 
 @pytest.fixture(scope="session")
 def shakespeare_shards(tmp_path_factory) -> str:
-    """The bundled corpus tokenized with the GPT-NeoX-20B tokenizer: a shard prefix (train/valid/test),
+    """The bundled corpus tokenized with the tiny configs' 1000-token BPE: a shard prefix (train/valid/test),
     built once per test run; read-only (the sample-index caches beside it are built under a lock)."""
 
     def preprocess(folder: Path) -> None:
         subprocess.run([sys.executable, "-m", "data_pipeline.preprocess", "--input",
-                        "data/corpus/shakespeare.jsonl.zst", "--tokenizer", "data/tokenizers/gpt-neox-20b.json.xz",
-                        "--output-prefix", str(folder / "neox"), "--workers", "1", "--append-eod",
+                        "data/corpus/shakespeare.jsonl.zst", "--tokenizer",
+                        "data/tokenizers/shakespeare-bpe-1000.json.xz",
+                        "--output-prefix", str(folder / "bpe1000"), "--workers", "1", "--append-eod",
                         "--valid-fraction", "0.05", "--test-fraction", "0.05"], cwd=ROOT, check=True,
                        capture_output=True)
 
-    return str(built_once(tmp_path_factory, "shards", preprocess) / "neox")
+    return str(built_once(tmp_path_factory, "shards", preprocess) / "bpe1000")
 
 
 @pytest.fixture(scope="session")

@@ -107,7 +107,7 @@ def test_training_starts_from_an_imported_explicit_model(shakespeare_shards, tmp
     from implicit_megatron.hf.import_explicit import import_explicit
 
     torch.manual_seed(0)
-    LlamaForCausalLM(LlamaConfig(vocab_size=50277, hidden_size=64, intermediate_size=192, num_hidden_layers=2,
+    LlamaForCausalLM(LlamaConfig(vocab_size=1000, hidden_size=64, intermediate_size=192, num_hidden_layers=2,
                                  num_attention_heads=4, tie_word_embeddings=True)).save_pretrained(tmp_path / "hf")
     import_explicit(tmp_path / "hf", tmp_path / "imported")  # an explicit folder: no injection module in it
     result = run_torchrun(PROBE, tmp_path / "probe", "configs/tiny/llama-implicit.yaml",

@@ -129,7 +129,7 @@ def test_killed_runs_resume_exactly(zero1_run, shakespeare_shards, tmp_path):
     a, b = records(straight), records(interrupted)
     assert sorted(a) == sorted(b) == list(range(1, 13))
     early, late = (sum(b[s]["train/loss"] for s in steps) / 3 for steps in ((1, 2, 3), (10, 11, 12)))
-    assert late < early - 0.8, (early, late)  # ZeRO-1 learns: 10.82 -> 9.49 over the first 12 steps
+    assert late < early - 0.4, (early, late)  # ZeRO-1 learns: 6.90 -> 6.27 over the first 12 steps
     for step in range(1, 13):
         assert abs(a[step]["train/loss"] - b[step]["train/loss"]) <= 1e-6, (step, a[step], b[step])
         assert a[step]["train/consumed_samples"] == b[step]["train/consumed_samples"] == step * 8
@@ -239,7 +239,7 @@ def test_a_diverging_run_is_warned_about_and_keeps_its_best_checkpoint(shakespea
     assert result.returncode == 0, result.stdout[-3000:]
     warnings = [line for line in result.stdout.splitlines() if "the run is diverging" in line]
     assert len(warnings) == 1, result.stdout[-3000:]
-    assert "warning: the training loss rose from 10.8" in warnings[0] and "(step 1) to " in warnings[0]
+    assert "warning: the training loss rose from 6.9" in warnings[0] and "(step 1) to " in warnings[0]
     assert f"the last checkpoint before the rise is {tmp_path / 'checkpoints' / 'step1'}" in warnings[0]
     kept = sorted(p.name for p in (tmp_path / "checkpoints").iterdir() if p.is_dir())
     validated = {row["step"]: row["val/loss"] for row in records_with(tmp_path, "val/loss")}
@@ -305,7 +305,7 @@ def test_a_nonfinite_step_is_skipped_and_training_goes_on(stage, shakespeare_sha
     losses = {step: row["train/loss"] for step, row in records(tmp_path).items()}
     assert 3 not in losses  # a non-finite step is reported as such, not as metrics
     assert all(math.isfinite(losses[s]) for s in (1, 2, 4, 5, 6))  # the NaN gradients were never applied
-    # and it learns under this stage (ZeRO-0 and -2 alike: 10.83 at step 1 -> 10.60-10.62 at step 6)
+    # and it learns under this stage (ZeRO-0 and -2 alike, from ln(1000) = 6.91 at step 1)
     assert losses[6] < losses[5] < losses[4] and losses[6] < losses[1] - 0.1, losses
 
 

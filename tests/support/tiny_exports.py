@@ -21,7 +21,7 @@ def tiny_model(name: str, tol: float = 1e-5, scales: tuple[float, float, float] 
 
     arch = name.split("-")[0]
     cfg = load_config(ROOT / f"configs/tiny/{name}.yaml",
-                      ["model.d_model=32", f"data.tokenizer={ROOT / 'data/tokenizers/gpt-neox-20b.json.xz'}",
+                      ["model.d_model=32", f"data.tokenizer={ROOT / 'data/tokenizers/shakespeare-bpe-1000.json.xz'}",
                        "model.mamba2.headdim=8" if arch == "mamba2" else "model.llama.n_heads=2"])
     cfg.implicit.max_iter, cfg.implicit.tol, cfg.curriculum.phases = 20, tol, []  # one solver for every path
     torch.manual_seed(0)

@@ -75,10 +75,10 @@ def test_a_config_that_does_not_describe_the_weights_is_refused_before_the_model
     d_model would otherwise allocate what it says (2^20: terabytes) before any weight is read."""
     export = write_tiny_export("mamba2-explicit", tmp_path)
     config = json.loads((export / "config.json").read_text())
-    width = config["implicit_megatron"]["model"]["d_model"]
+    width, rows = config["implicit_megatron"]["model"]["d_model"], config["vocab_size"]  # rows: padded
     config["implicit_megatron"]["model"]["d_model"] = 4096
     (export / "config.json").write_text(json.dumps(config))
     assert load_tool("generate").main([str(export), "--prompt", "ROMEO:", "--max-new-tokens", "2"]) == 2
     assert capsys.readouterr().err == (f"generate: {export / 'model.safetensors'}: embedding.weight is "
-                                       f"[50288, {width}] here, but the model {export / 'config.json'} describes "
-                                       "has [50288, 4096]\n")
+                                       f"[{rows}, {width}] here, but the model {export / 'config.json'} describes "
+                                       f"has [{rows}, 4096]\n")

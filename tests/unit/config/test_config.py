@@ -326,8 +326,8 @@ def test_a_tokenizer_that_is_not_the_shards_one_is_refused_by_name(shakespeare_s
 
     tiny = CONFIGS / "tiny/mamba2-implicit.yaml"
     data = [f"data.prefixes=[{shakespeare_shards}]", "data.source=null"]
-    raw = lzma.decompress((ROOT / "data/tokenizers/gpt-neox-20b.json.xz").read_bytes())
-    copy = tmp_path / "neox.json"
+    raw = lzma.decompress((ROOT / "data/tokenizers/shakespeare-bpe-1000.json.xz").read_bytes())
+    copy = tmp_path / "bpe.json"
     copy.write_bytes(raw)  # the same vocabulary in another file: accepted
     load_config(tiny, [*data, f"data.tokenizer={copy}"], check_data=True)
     other = json.loads(raw)
@@ -337,7 +337,7 @@ def test_a_tokenizer_that_is_not_the_shards_one_is_refused_by_name(shakespeare_s
     changed.write_text(json.dumps(other))
     error = error_of(tiny, [*data, f"data.tokenizer={changed}"], check_data=True)
     assert error.source == "command line" and error.key == "data.tokenizer"
-    assert str(changed) in error.message and "data/tokenizers/gpt-neox-20b.json.xz" in error.message
+    assert str(changed) in error.message and "data/tokenizers/shakespeare-bpe-1000.json.xz" in error.message
     assert f"{shakespeare_shards}_stats.json" in error.message and "allow_tokenizer_mismatch" in error.message
     load_config(tiny, [*data, f"data.tokenizer={changed}", "data.allow_tokenizer_mismatch=true"], check_data=True)
 
@@ -361,7 +361,7 @@ def test_a_relative_path_that_is_not_found_says_where_it_was_looked_for(tmp_path
     result = subprocess.run([sys.executable, "-m", "implicit_megatron.config", str(ROOT / "configs/quickstart.yaml")],
                             cwd=tmp_path, capture_output=True, text=True)
     assert result.returncode == 2
-    assert result.stderr.strip() == (f"config error: {ROOT / 'configs/tiny/mamba2-explicit.yaml'}: data.tokenizer: "
+    assert result.stderr.strip() == (f"config error: {ROOT / 'configs/quickstart.yaml'}: data.tokenizer: "
                                      "tokenizer not found: data/tokenizers/gpt-neox-20b.json.xz (a relative path: "
                                      f"looked for from the working directory {tmp_path})")
 

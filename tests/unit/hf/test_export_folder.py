@@ -52,7 +52,7 @@ export.write_folder(export.Path(sys.argv[1]), build_model(cfg), cfg, torch.float
 
 def tiny():
     cfg = load_config(ROOT / "configs/tiny/mamba2-explicit.yaml",
-                      [f"data.tokenizer={ROOT / 'data/tokenizers/gpt-neox-20b.json.xz'}"])
+                      [f"data.tokenizer={ROOT / 'data/tokenizers/shakespeare-bpe-1000.json.xz'}"])
     return build_model(cfg).eval(), cfg
 
 
@@ -125,7 +125,7 @@ from implicit_megatron.hf import export
 cfg = load_config("configs/tiny/mamba2-explicit.yaml", check_files=False)
 model = build_model(cfg)
 export.write_folder(export.Path(sys.argv[1]), model, cfg, torch.float32)  # the export there before
-resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 20, 1 << 20))  # as `ulimit -f 1024`; a full disk says the same
+resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 18, 1 << 18))  # as `ulimit -f 256`, below the weights (0.5 MB)
 try:
     export.write_folder(export.Path(sys.argv[1]), model, cfg, torch.float32)
 except OSError as err:

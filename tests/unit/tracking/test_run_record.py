@@ -62,7 +62,7 @@ def test_a_run_records_who_what_and_which_data(tmp_path, shakespeare_shards, cap
         assert params[f"curriculum.phases.{i}.name"] == phase.name
         assert params[f"curriculum.phases.{i}.max_iter"] == str(phase.max_iter)
     (data,) = run.inputs.dataset_inputs
-    assert data.dataset.name == "neox" and data.dataset.source_type == "local" and len(data.dataset.digest) == 16
+    assert data.dataset.name == "bpe1000" and data.dataset.source_type == "local" and len(data.dataset.digest) == 16
     assert '"train_tokens": ' in data.dataset.profile
     assert {t.key: t.value for t in data.tags}["mlflow.data.context"] == "training"
     experiment = client.get_experiment(run.info.experiment_id)
