@@ -66,6 +66,7 @@ class PackedDataset:
                  blend: tuple[np.ndarray, np.ndarray] | None, names: list[str] | None = None) -> None:
         self.parts, self.seq_len, self.length, self.blend = parts, seq_len, length, blend
         self.names = names or [getattr(p, "dataset_path", "?") for p in parts]  # each part's shard prefix
+        self.sizes = [_file_sizes(name) for name in self.names]  # as opened: see __getitem__
 
     def __len__(self) -> int:
         return self.length
@@ -76,6 +77,14 @@ class PackedDataset:
         if not 0 <= index < self.length:
             raise IndexError(f"sample {index} is out of range for {self.length} samples")
         which, sample = (0, index) if self.blend is None else (int(self.blend[0][index]), int(self.blend[1][index]))
+        # The shard is read through a memory map: a file cut after it was opened would end the process
+        # with SIGBUS and not a word, so its size is compared first (two stat calls per sample).
+        if self.sizes[which] is not None and _file_sizes(self.names[which]) != self.sizes[which]:
+            was, now = self.sizes[which], _file_sizes(self.names[which])
+            raise ShardReadError(f"{self.names[which]}: its .bin/.idx were {was} bytes when this process opened them "
+                                 f"and are {now} now: the shard changed under the running job (cut, rewritten or "
+                                 "removed); put it back as it was and launch again (a run resumes from its last "
+                                 "checkpoint)")
         try:
             item = self.parts[which][sample]  # tokens = text[:-1], labels = text[1:]
         except (IndexError, ValueError, OSError, RuntimeError) as err:
@@ -83,6 +92,14 @@ class PackedDataset:
                                  "the shard may have changed or be damaged: check it with python -m "
                                  "implicit_megatron.config CONFIG (it checks every shard)") from None
         return np.concatenate([item["tokens"].numpy(), item["labels"][-1:].numpy()]).astype(np.int64)
+
+
+def _file_sizes(prefix: str) -> tuple[int, int] | None:
+    """(.bin size, .idx size) of a shard prefix; None where either file is missing."""
+    try:
+        return os.stat(prefix + ".bin").st_size, os.stat(prefix + ".idx").st_size
+    except OSError:
+        return None
 
 
 class TooFewTokens(ValueError):

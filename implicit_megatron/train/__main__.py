@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import base64
+import faulthandler
 import functools
 import json
 import os
@@ -54,6 +55,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.config is None:
         parser.error("a config file is required, e.g. configs/quickstart.yaml (overrides are optional)")
     os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+    faulthandler.enable()  # a fatal signal (SIGBUS from a file cut under a memory map) prints where it came
     stopping.install()  # until Trainer.fit installs its own
     output_dir_seen: list[str] = []
     try:

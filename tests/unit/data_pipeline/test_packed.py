@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from data_pipeline.indexed import megatron_indexed
-from data_pipeline.packed import DistributedBatchIterator, build_packed_dataset
+from data_pipeline.packed import DistributedBatchIterator, ShardReadError, build_packed_dataset
 
 SEQ = 16
 
@@ -262,3 +262,18 @@ def test_a_token_id_past_the_vocabulary_is_refused_naming_the_shards_and_the_sam
     with pytest.raises(ValueError, match=r"^data.prefixes \[/d/neox\]: sample 5 holds token id 60000, past the "
                                          r"vocabulary of 50277: the shards changed under the run"):
         next(batches)
+
+
+def test_a_shard_cut_under_a_running_job_is_named_before_it_is_read(tmp_path):
+    """Read through its memory map, a .bin cut after it was opened would end the process with SIGBUS
+    and no line; each read compares the file sizes with those opened first."""
+    prefix = str(tmp_path / "a_train")
+    write_unique_token_shard(prefix, document_lengths_summing_to(1000))
+    data = build_packed_dataset([str(tmp_path / "a")], None, "train", SEQ, seed=1)
+    last = len(data) - 1
+    assert len(data[last]) == SEQ + 1
+    whole = os.path.getsize(prefix + ".bin")
+    os.truncate(prefix + ".bin", 100)
+    with pytest.raises(ShardReadError, match=f"^{prefix}: its .bin/.idx were \\({whole}, [0-9]+\\) bytes when this "
+                                             "process opened them and are \\(100, [0-9]+\\) now: the shard changed"):
+        data[last]
