@@ -79,8 +79,9 @@ class PackedDataset:
         which, sample = (0, index) if self.blend is None else (int(self.blend[0][index]), int(self.blend[1][index]))
         # The shard is read through a memory map: a file cut after it was opened would end the process
         # with SIGBUS and not a word, so its size is compared first (two stat calls per sample).
-        if self.sizes[which] is not None and _file_sizes(self.names[which]) != self.sizes[which]:
-            was, now = self.sizes[which], _file_sizes(self.names[which])
+        was = self.sizes[which]
+        now = _file_sizes(self.names[which]) if was is not None else None
+        if now != was:
             raise ShardReadError(f"{self.names[which]}: its .bin/.idx were {was} bytes when this process opened them "
                                  f"and are {now} now: the shard changed under the running job (cut, rewritten or "
                                  "removed); put it back as it was and launch again (a run resumes from its last "
