@@ -43,7 +43,10 @@ def pytest_collection_modifyitems(config, items):
         (dropped if quick and left_out else kept).append(item)
     if dropped:
         config.hook.pytest_deselected(items=dropped)
-        items[:] = kept
+    # The long ones first (a stable sort: each file's order is kept): pytest-xdist's workers then end
+    # on short tests, and neither waits alone through a long launch at the end.
+    items[:] = sorted(kept, key=lambda item: not (item.get_closest_marker("distributed") or
+                                                  item.get_closest_marker("slow")))
 
 
 class UnmarkedProcess(RuntimeError):
