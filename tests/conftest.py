@@ -22,7 +22,8 @@ from support.shared import built_once
 ROOT = Path(__file__).resolve().parents[1]
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 pytest_plugins = ["pytester"]  # tests/unit/test_tiers.py runs the tiers on a suite of its own
-STARTS_PROCESSES = ("distributed", "e2e", "integration")  # folders of tests/ whose every test starts processes
+# folders of tests/ whose every test starts processes
+STARTS_PROCESSES = ("distributed", "e2e", "integration", "multinode")
 # fixtures that start processes: a test using one (even through another) is marked
 PROCESS_FIXTURES = {"shakespeare_shards", "zero1_run"}
 
@@ -43,10 +44,15 @@ def pytest_collection_modifyitems(config, items):
         (dropped if quick and left_out else kept).append(item)
     if dropped:
         config.hook.pytest_deselected(items=dropped)
-    # The long ones first (a stable sort: each file's order is kept): pytest-xdist's workers then end
-    # on short tests, and neither waits alone through a long launch at the end.
-    items[:] = sorted(kept, key=lambda item: not (item.get_closest_marker("distributed") or
-                                                  item.get_closest_marker("slow")))
+    # The long ones first, then the others that start processes (a stable sort: each file's order is
+    # kept): pytest-xdist's workers then end on short tests, and neither waits alone through a launch.
+    items[:] = sorted(kept, key=_expected_length)
+
+
+def _expected_length(item) -> int:
+    if item.get_closest_marker("distributed") or item.get_closest_marker("slow"):
+        return 0
+    return 1 if item.get_closest_marker("processes") else 2
 
 
 class UnmarkedProcess(RuntimeError):
