@@ -4,7 +4,8 @@
 # With no CONFIG it runs configs/quickstart.yaml (the bundled corpus is tokenized on first use).
 #   GPUs:   the DeepSpeed launcher, GPUS_PER_NODE processes per node (default: all visible GPUs),
 #           NUM_NODES nodes (default 1; with HOSTFILE, the hosts listed there), MASTER_ADDR/PORT.
-#   No GPU: NPROC CPU processes on gloo (default 1) through torchrun.
+#   No GPU: NPROC CPU processes on gloo (default 1) through torchrun; with HOSTFILE or NUM_NODES, the
+#           DeepSpeed launcher as with GPUs (a hostfile's slots are CPU processes).
 #   Already started by a launcher (RANK and LOCAL_RANK set, e.g. `deepspeed --no_python --no_local_rank
 #   launch/pretrain.sh CONFIG`, torchrun, or one `srun` task per GPU, whose SLURM_* variables are
 #   mapped): runs this rank directly, without set-up (run scripts/setup.sh once beforehand).
@@ -123,46 +124,76 @@ fi
 # watch (they finish the step, save and exit 0); a second Ctrl-C kills the launcher and its ranks at
 # once. When the launcher itself was signalled too and exits non-zero, the ranks' preempted.json
 # says the stop was graceful. The ranks end when this script or their launcher is gone.
-# shellcheck disable=SC2329  # called from the traps below
 ask_stop() {  # on a full disk the reason cannot be written: the file armed at launch is renamed instead
   { echo "$1" > "$outdir/stop-requested.tmp"; } 2>/dev/null || mv -f "$outdir/stop-requested.armed" "$outdir/stop-requested.tmp"
   mv -f "$outdir/stop-requested.tmp" "$outdir/stop-requested"
 }
-# shellcheck disable=SC2329  # the INT trap
-interrupted() {
-  interrupts=$((interrupts + 1))
-  if [ "$interrupts" -eq 1 ]; then
+# The traps only count signals; the loop in launch() acts on them, outside any trap (an external
+# command run from a trap that cut a `wait` short left bash deaf to the next Ctrl-C).
+act_on_signals() {
+  if [ "$terms" -gt "$terms_acted" ]; then
+    terms_acted=$terms
+    ask_stop SIGTERM
+  fi
+  if [ "$interrupts" -eq 1 ] && [ "$interrupts_acted" = 0 ]; then
+    interrupts_acted=1
     ask_stop "SIGINT (Ctrl-C)"
     echo "pretrain.sh: Ctrl-C: the ranks finish their step, save a checkpoint and stop (Ctrl-C again: at once)" >&2
-    return
+  elif [ "$interrupts" -gt 1 ]; then
+    kill -KILL -- "-$child" 2>/dev/null || true
+    echo "pretrain.sh: stopped at once by a second Ctrl-C: what was trained since the last checkpoint is lost" >&2
+    trap '' INT  # the ranks could not record their end in MLflow: it is recorded here, once
+    "$PYTHON" -m implicit_megatron.tracking.end_run "$outdir" KILLED "$tracking_uri" || true
+    exit 130
   fi
-  kill -KILL -- "-$child" 2>/dev/null || true
-  echo "pretrain.sh: stopped at once by a second Ctrl-C: what was trained since the last checkpoint is lost" >&2
-  trap '' INT  # the ranks could not record their end in MLflow: it is recorded here, once
-  "$PYTHON" -m implicit_megatron.tracking.end_run "$outdir" KILLED "$tracking_uri" || true
-  exit 130
+}
+# Several nodes: DeepSpeed's pdsh launch hands each node's shell only MLFLOW*, PYTHON*, NCCL*... values
+# and the lines of one environment file (DS_ENV_FILE, default .deepspeed_env in the home directory and
+# the working directory). What this launch sets for its ranks (the stop file, this script's process and
+# host, the thread count) goes into a file of this launch's own after the user's lines, named by
+# DS_ENV_FILE for the launcher: every rank on every node gets what a rank on one node gets.
+# shellcheck disable=SC2329  # called for the launch over several nodes below
+write_env_file() {
+  env_file="$(mktemp "${TMPDIR:-/tmp}/pretrain-env.XXXXXX")"
+  local name="${DS_ENV_FILE:-.deepspeed_env}" folder var
+  for folder in "$HOME" "$root"; do
+    local file="$folder/$name"
+    case "$name" in /*) file="$name"; [ "$folder" = "$HOME" ] || continue ;; esac  # an absolute name: read once
+    if [ -f "$file" ]; then cat "$file" >> "$env_file"; fi
+    if [ -s "$env_file" ] && [ -n "$(tail -c 1 "$env_file")" ]; then echo >> "$env_file"; fi  # a last line ended
+  done
+  for var in IMPLICIT_MEGATRON_LAUNCHER_STOP_FILE IMPLICIT_MEGATRON_LAUNCH_PID IMPLICIT_MEGATRON_LAUNCH_HOST \
+      OMP_NUM_THREADS TOKENIZERS_PARALLELISM DS_ACCELERATOR; do
+    if [ -n "${!var:-}" ]; then echo "$var=${!var}" >> "$env_file"; fi
+  done
+  export DS_ENV_FILE="$env_file"
 }
 launch() {
   mkdir -p "$outdir"
   rm -f "$outdir/preempted.json" "$outdir/stop-requested"
   echo "SIGTERM" > "$outdir/stop-requested.armed"  # written while there is room: a stop needs no new space
-  trap 'ask_stop SIGTERM' TERM  # from here a stop waits for the ranks' first step
+  terms=0 terms_acted=0 interrupts=0 interrupts_acted=0
+  trap 'terms=$((terms + 1))' TERM  # from here a stop waits for the ranks' first step
   if [ "$stop_asked" = 1 ]; then
     echo '{"step": null, "checkpoint": null, "reason": "SIGTERM before the launch"}' > "$outdir/preempted.json"
     echo "pretrain.sh: stopped by SIGTERM before the ranks started: nothing was trained; launch again to resume" >&2
     exit 0
   fi
-  interrupts=0
-  trap interrupted INT
+  trap 'interrupts=$((interrupts + 1))' INT
   export IMPLICIT_MEGATRON_LAUNCHER_STOP_FILE=1  # the ranks keep a stop file they find (stopping.py)
   IMPLICIT_MEGATRON_LAUNCH_PID=$$ IMPLICIT_MEGATRON_LAUNCH_HOST="$(uname -n)"
   export IMPLICIT_MEGATRON_LAUNCH_PID IMPLICIT_MEGATRON_LAUNCH_HOST
+  env_file=""
+  if [ "${multi_node:-0}" = 1 ]; then write_env_file; fi
   setsid "$@" &
   child=$!
-  while :; do
-    set +e; wait "$child"; rc=$?; set -e
-    kill -0 "$child" 2>/dev/null || break  # a wait cut short by the trap: the launcher still runs
+  while kill -0 "$child" 2>/dev/null; do  # a signal cuts the short sleep's wait: acted on at once
+    act_on_signals
+    sleep 0.5 &
+    wait $! || true
   done
+  set +e; wait "$child"; rc=$?; set -e
+  if [ -n "$env_file" ]; then rm -f "$env_file"; fi
   if [ "$rc" -ne 0 ] && [ -f "$outdir/preempted.json" ]; then
     echo "pretrain.sh: stopped early with a checkpoint ($(cat "$outdir/preempted.json")); launch again to resume" >&2
     rc=0
@@ -170,18 +201,31 @@ launch() {
   exit "$rc"
 }
 
-if [ "$gpus" -gt 0 ]; then
+multi_node=0
+if [ -n "${HOSTFILE:-}" ] || [ "${nodes:-1}" != 1 ]; then
+  multi_node=1
+  # pdsh's ssh: a node that vanishes (no route, powered off) ends its connection within 10 s of
+  # silence instead of never, so the launch ends with the ranks that noticed it.
+  export PDSH_SSH_ARGS_APPEND="${PDSH_SSH_ARGS_APPEND:-} -o ServerAliveInterval=5 -o ServerAliveCountMax=2"
+  [ "$gpus" -eq 0 ] && export DS_ACCELERATOR="${DS_ACCELERATOR:-cpu}"  # CPU ranks on gloo, on every node
+fi
+if [ "$gpus" -gt 0 ] || [ "$multi_node" = 1 ]; then
+  # GPUs, or several nodes: DeepSpeed's launcher (over several nodes: pdsh, or LAUNCHER_ARGS' launcher).
   # --no_local_rank: the rank reads LOCAL_RANK from the environment, its arguments stay CONFIG [overrides]
   launcher=(deepspeed --no_local_rank --master_port "$port")
   [ -n "$nodes" ] && launcher+=(--num_nodes "$nodes")
-  [ -n "${GPUS_PER_NODE:-}" ] && launcher+=(--num_gpus "$GPUS_PER_NODE")  # else: the visible devices
+  if [ "$gpus" -gt 0 ]; then
+    [ -n "${GPUS_PER_NODE:-}" ] && launcher+=(--num_gpus "$GPUS_PER_NODE")  # else: the visible devices
+  elif [ -z "${HOSTFILE:-}" ]; then
+    launcher+=(--num_gpus "$per_node")  # CPU processes per node (with a hostfile: its slots)
+  fi
   [ -n "${HOSTFILE:-}" ] && launcher+=(--hostfile "$HOSTFILE")
   [ -n "${MASTER_ADDR:-}" ] && launcher+=(--master_addr "$MASTER_ADDR")
   # shellcheck disable=SC2206
   launcher+=(${LAUNCHER_ARGS:-})
   deepspeed_bin="$(dirname "$PYTHON")/deepspeed"
   [ -x "$deepspeed_bin" ] && launcher[0]="$deepspeed_bin"
-  if [ -n "${HOSTFILE:-}" ] || [ "${nodes:-1}" != 1 ]; then
+  if [ "$multi_node" = 1 ]; then
     # Several nodes: the launcher starts each node's ranks through a remote shell (pdsh, mpirun, srun),
     # which would split the arguments again and run what they hold ($(...), ;). They travel as one
     # base64 word instead (letters, digits, + / =), which the rank decodes (implicit_megatron.train).
@@ -191,10 +235,6 @@ if [ "$gpus" -gt 0 ]; then
   launch "${launcher[@]}" --module implicit_megatron.train "$config" "$@"
 fi
 
-if [ "${nodes:-2}" -gt 1 ]; then
-  echo "pretrain.sh: NUM_NODES=$nodes without GPUs is not supported; run one launch per node with a launcher" >&2
-  exit 2
-fi
 # shellcheck disable=SC2086
 launch "$PYTHON" -m implicit_megatron.train.process.torchrun --nnodes 1 --nproc_per_node "$per_node" \
   --master_addr "${MASTER_ADDR:-127.0.0.1}" --master_port "$port" ${LAUNCHER_ARGS:-} \
