@@ -207,7 +207,9 @@ if [ -n "${HOSTFILE:-}" ] || [ "${nodes:-1}" != 1 ]; then
   # pdsh's ssh: a node that vanishes (no route, powered off) ends its connection within 10 s of
   # silence instead of never, so the launch ends with the ranks that noticed it.
   export PDSH_SSH_ARGS_APPEND="${PDSH_SSH_ARGS_APPEND:-} -o ServerAliveInterval=5 -o ServerAliveCountMax=2"
-  [ "$gpus" -eq 0 ] && export DS_ACCELERATOR="${DS_ACCELERATOR:-cpu}"  # CPU ranks on gloo, on every node
+  if [ "$gpus" -eq 0 ]; then
+    export DS_ACCELERATOR="${DS_ACCELERATOR:-cpu}"  # CPU ranks on gloo, on every node
+  fi
 fi
 if [ "$gpus" -gt 0 ] || [ "$multi_node" = 1 ]; then
   # GPUs, or several nodes: DeepSpeed's launcher (over several nodes: pdsh, or LAUNCHER_ARGS' launcher).

@@ -17,6 +17,8 @@ import sys
 from pathlib import Path
 
 import pytest
+from support.processes import run_torchrun
+from support.reference_runs import TINY, zero1_overrides
 from support.shared import built_once
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -178,3 +180,17 @@ def tiny_run(shakespeare_shards, tmp_path_factory):
     trained = built_once(tmp_path_factory, "tiny-eval-model", lambda folder: train_tiny(folder, shakespeare_shards))
     own = Path(shutil.copytree(trained, tmp_path_factory.mktemp("tiny-eval-copy"), dirs_exist_ok=True))
     return TinyRun(own / "export", own / "run")
+
+
+@pytest.fixture(scope="session")
+def zero1_run(shakespeare_shards, tmp_path_factory) -> Path:
+    """The run folder of ZERO1_RUN (support.reference_runs), straight through: the losses that resumes
+    of the same run, and the same run over two nodes, must repeat. Tests read it, or copy it first."""
+
+    def train(folder: Path) -> None:
+        result = run_torchrun("-m", "implicit_megatron.train", TINY, *zero1_overrides(shakespeare_shards, folder))
+        first = result.stdout.find("Traceback")  # the rank that failed first, before the others' echoes of it
+        assert result.returncode == 0, (result.stdout[first:first + 4000] if first >= 0 else "") + "\n...\n" + \
+            result.stdout[-3000:]
+
+    return built_once(tmp_path_factory, "zero1-run", train)

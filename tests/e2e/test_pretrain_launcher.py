@@ -135,8 +135,13 @@ def start(out: Path, shards: str, *extra: str, steps: int = 300, env: dict | Non
     args = ["configs/tiny/mamba2-implicit.yaml", f"data.prefixes=[{shards}]", "data.source=null",
             f"train.output_dir={out}", f"train.steps={steps}", "train.log_interval=1", "checkpoint.interval=1000",
             "train.eval_interval=1000", "tracking.enabled=false", *extra]
-    return subprocess.Popen(["bash", "launch/pretrain.sh", *args], cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    # Started with Ctrl-C's default action, as a terminal's shell starts a command. A child inherits
+    # ignored signals, and bash cannot trap one ignored at its start: twice in CI, pretrain.sh began
+    # with SIGINT and SIGQUIT ignored, as glibc's system() sets them process-wide while it runs in
+    # some other thread of this test process, and a Ctrl-C test failed for that alone.
+    return subprocess.Popen(["env", "--default-signal=INT,QUIT", "bash", "launch/pretrain.sh", *args], cwd=ROOT,
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
 
 
 def wait_for_steps(proc: subprocess.Popen, out: Path, steps: int = 2) -> None:

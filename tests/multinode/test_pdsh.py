@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 from support.nodes import Nodes, missing
+from support.reference_runs import zero1_overrides
 
 pytestmark = [pytest.mark.distributed, pytest.mark.skipif(missing() is not None, reason=missing() or "")]
 CONFIG = "configs/tiny/mamba2-implicit.yaml"
@@ -79,22 +80,18 @@ def wait_until(condition, what: str, seconds: float, proc=None) -> None:
         time.sleep(0.1)
 
 
-def test_two_nodes_of_one_process_train_as_one_node_of_two(nodes, shakespeare_shards, tmp_path):
+def test_two_nodes_of_one_process_train_as_one_node_of_two(nodes, zero1_run, shakespeare_shards, tmp_path):
+    """The reference: ZERO1_RUN, trained once per test run by torchrun on one node (2 processes)."""
     node1, _ = nodes
-    env = launch_env(tmp_path)
-    two_nodes = node1.run("bash", "launch/pretrain.sh", *settings(shakespeare_shards, tmp_path / "two-nodes",
-                                                                 "train.steps=12"), env=env, timeout=300, check=False)
+    out = tmp_path / "two-nodes"
+    two_nodes = node1.run("bash", "launch/pretrain.sh", CONFIG, *zero1_overrides(shakespeare_shards, out),
+                          env=launch_env(tmp_path), timeout=300, check=False)
     assert two_nodes.returncode == 0, two_nodes.stdout[-3000:] + two_nodes.stderr[-3000:]
     assert "node2: [" in two_nodes.stdout  # node2's rank ran there, its lines come back through pdsh
-    del env["HOSTFILE"]
-    one_node = node1.run("bash", "launch/pretrain.sh", *settings(shakespeare_shards, tmp_path / "one-node",
-                                                                "train.steps=12"), env={**env, "NPROC": "2"},
-                         timeout=300, check=False)
-    assert one_node.returncode == 0, one_node.stdout[-3000:] + one_node.stderr[-3000:]
-    # Bit for bit: the same data order, the same reductions, and the same thread count on every rank
-    # (OMP_NUM_THREADS reaches node2 through the launch's environment file, not its own default).
-    assert losses(tmp_path / "two-nodes") == losses(tmp_path / "one-node")
-    assert len(losses(tmp_path / "one-node")) == 12
+    # Bit for bit: the same data order, the same reductions, the same thread count on every rank.
+    assert losses(out) == losses(zero1_run)
+    assert len(losses(out)) == 12
+    assert (out / "checkpoints" / "latest").read_text().strip() == "free-step12"
 
 
 def test_a_stop_during_start_up_and_a_killed_launch_end_every_node(nodes, shakespeare_shards, tmp_path):
