@@ -75,7 +75,9 @@ if [ -z "${PYTHON:-}" ] || [ "$PYTHON" = "$root/.venv/bin/python" ]; then
 fi
 # Over several nodes DeepSpeed's launcher hands some environment values, .deepspeed_env lines and this
 # directory to every node's shell: refused here if a shell would run anything in them.
+multi_node=0
 if [ -n "${HOSTFILE:-}" ] || [ "${NUM_NODES:-1}" != 1 ]; then
+  multi_node=1
   "$PYTHON" -m implicit_megatron.train.process.remote_env
 fi
 
@@ -184,7 +186,7 @@ launch() {
   IMPLICIT_MEGATRON_LAUNCH_PID=$$ IMPLICIT_MEGATRON_LAUNCH_HOST="$(uname -n)"
   export IMPLICIT_MEGATRON_LAUNCH_PID IMPLICIT_MEGATRON_LAUNCH_HOST
   env_file=""
-  if [ "${multi_node:-0}" = 1 ]; then write_env_file; fi
+  if [ "$multi_node" = 1 ]; then write_env_file; fi
   setsid "$@" &
   child=$!
   while kill -0 "$child" 2>/dev/null; do  # a signal cuts the short sleep's wait: acted on at once
@@ -201,9 +203,7 @@ launch() {
   exit "$rc"
 }
 
-multi_node=0
-if [ -n "${HOSTFILE:-}" ] || [ "${nodes:-1}" != 1 ]; then
-  multi_node=1
+if [ "$multi_node" = 1 ]; then
   # pdsh's ssh: a node that vanishes (no route, powered off) ends its connection within 10 s of
   # silence instead of never, so the launch ends with the ranks that noticed it.
   export PDSH_SSH_ARGS_APPEND="${PDSH_SSH_ARGS_APPEND:-} -o ServerAliveInterval=5 -o ServerAliveCountMax=2"

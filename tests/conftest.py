@@ -47,8 +47,6 @@ def pytest_collection_modifyitems(config, items):
     if dropped:
         config.hook.pytest_deselected(items=dropped)
         items[:] = kept
-    # (Sorting the long tests first was measured slower: pytest-xdist's worksteal hands each worker a
-    # contiguous half of this list, so one worker got every launch and the other only stole its tail.)
 
 
 class UnmarkedProcess(RuntimeError):

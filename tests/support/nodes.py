@@ -68,11 +68,11 @@ class Node:
 
 
 class Nodes(contextlib.AbstractContextManager):
-    """`count` nodes node1..nodeN at SUBNET.1..N, each with an sshd that takes the shared key from
-    the others (root, no password: pdsh's and DeepSpeed's way in)."""
+    """Two nodes, node1 and node2 at SUBNET.1 and .2, joined by one veth pair, each with an sshd that
+    takes the shared key from the other (root, no password: pdsh's and DeepSpeed's way in)."""
 
-    def __init__(self, folder: Path, count: int = 2) -> None:
-        self.folder, self.count, self.nodes = folder, count, []
+    def __init__(self, folder: Path) -> None:
+        self.folder, self.nodes = folder, []
 
     def __enter__(self) -> list[Node]:
         try:
@@ -85,10 +85,10 @@ class Nodes(contextlib.AbstractContextManager):
     def _make(self) -> None:
         keys = self.folder / "keys"
         keys.mkdir(parents=True)
-        for kind, path in (("ed25519", keys / "host"), ("ed25519", keys / "user")):
-            subprocess.run(["ssh-keygen", "-q", "-t", kind, "-N", "", "-f", str(path)], check=True)
+        for path in (keys / "host", keys / "user"):
+            subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(path)], check=True)
         shutil.copy(keys / "user.pub", keys / "authorized_keys")
-        names = [f"node{i}" for i in range(1, self.count + 1)]
+        names = ["node1", "node2"]
         hosts = "127.0.0.1 localhost\n" + "".join(f"{SUBNET}.{i} {name}\n" for i, name in enumerate(names, 1))
         for i, name in enumerate(names, 1):
             folder = self.folder / name
@@ -122,11 +122,7 @@ class Nodes(contextlib.AbstractContextManager):
                 self._wait_for_ssh(node, other)
 
     def _link(self) -> None:
-        """One veth pair between two nodes; a bridge in a namespace of its own for more."""
-        first, *rest = self.nodes
-        if len(rest) != 1:
-            raise NotImplementedError("two nodes are linked directly; more need a bridge")
-        second = rest[0]
+        first, second = self.nodes
         subprocess.run(["ip", "link", "add", "eth0", "netns", str(first.pid), "type", "veth", "peer", "name", "eth0",
                         "netns", str(second.pid)], check=True)
         for node in self.nodes:
