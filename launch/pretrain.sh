@@ -66,6 +66,10 @@ if [ -z "${PYTHON:-}" ]; then
 fi
 
 if [ -n "${RANK:-}" ] && [ -n "${LOCAL_RANK:-}" ]; then  # already started by a launcher: be this rank
+  # A SIGTERM that came already is the rank's to honour; one between here and the rank's own handler is
+  # ignored rather than fatal (a rank killed by it fails the whole job; the others still stop as asked).
+  [ "$stop_asked" = 1 ] && export IMPLICIT_MEGATRON_STOP_ASKED=SIGTERM
+  trap '' TERM
   exec "$PYTHON" -m implicit_megatron.train "$config" "$@"
 fi
 

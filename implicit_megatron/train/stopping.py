@@ -3,7 +3,10 @@
 Raising from a signal handler interrupts whatever runs at that moment, a C extension's
 initialisation included (it crashed the process); the handlers here only take note. Ctrl-C
 (SIGINT) asks for the same stop as SIGTERM; a second one stops the process at once. Start-up asks
-`check()` between its stages (config, run lock, model and engine, before the first step). Once
+`check()` between its stages (config, run lock, model and engine, before the first step): a process
+alone ends there, with nothing saved; ranks of a larger world carry the request to their first step
+and stop together after it (a rank leaving alone left the others waiting for it in the rendezvous,
+as under `srun`, where each task gets the signal at its own moment of the start-up). Once
 training runs, `Preemption` takes over: a SIGTERM, or STOP_FILE written by launch/pretrain.sh
 (which received one itself, at any moment of the launch: the file waits for the first step), asks for
 a stop; the ranks agree on it with the step's one host read
@@ -30,7 +33,10 @@ PREEMPTED_FILE = "preempted.json"  # in the output folder: this launch stopped e
 # starting them and writes STOP_FILE when it gets SIGTERM, so a STOP_FILE the ranks find is this launch's.
 LAUNCHER_OWNS_STOP_FILE = "IMPLICIT_MEGATRON_LAUNCHER_STOP_FILE"
 
-_requested = False
+# Set by launch/pretrain.sh for a rank it becomes (`exec`) when a SIGTERM came before: the stop is the rank's.
+STOP_ASKED_BEFORE_START = "IMPLICIT_MEGATRON_STOP_ASKED"
+
+_requested: str | None = None  # what asked for a stop during the start-up (SIGTERM, SIGINT), if anything
 STARTED = time.monotonic()  # this rank's start (the module is imported first thing): exit_after_minutes counts from it
 
 
@@ -39,15 +45,17 @@ class StoppedDuringStartUp(BaseException):  # noqa: N818 - a stop, not an error:
 
 
 def install() -> None:
+    global _requested
     signal.signal(signal.SIGTERM, _take_note)
     signal.signal(signal.SIGINT, _take_note)
+    _requested = _requested or os.environ.get(STOP_ASKED_BEFORE_START) or None
 
 
 def _take_note(signum, frame) -> None:
     global _requested
     if signum == signal.SIGINT and _requested:
         at_once()
-    _requested = True
+    _requested = "SIGINT (Ctrl-C)" if signum == signal.SIGINT else "SIGTERM"
 
 
 def at_once() -> None:
@@ -57,8 +65,9 @@ def at_once() -> None:
 
 
 def check() -> None:
-    """Raise StoppedDuringStartUp when a SIGTERM has come."""
-    if _requested:
+    """Raise StoppedDuringStartUp when a stop was asked of a process that trains alone (WORLD_SIZE 1);
+    in a larger world the request waits for the first step (Preemption.install takes it over)."""
+    if _requested and int(os.environ.get("WORLD_SIZE", "1")) == 1:
         raise StoppedDuringStartUp
 
 
@@ -81,6 +90,8 @@ class Preemption:
         and the first step stops."""
         signal.signal(signal.SIGTERM, self._take_note)
         signal.signal(signal.SIGINT, self._take_note)
+        if _requested:  # asked during the start-up of a world of several ranks: they stop after the first step
+            self.requested, self.reason = True, _requested
         if self.rank == 0:
             (self.folder / PREEMPTED_FILE).unlink(missing_ok=True)
             if not os.environ.get(LAUNCHER_OWNS_STOP_FILE):
