@@ -1,8 +1,8 @@
 """Several machines on one: each test node is a set of Linux namespaces (PID, mount, UTS, network)
-with its own host name, address, /etc/hosts, ssh client settings and sshd, joined to the others by a
-virtual Ethernet link; the disk (this checkout, .venv, the test's folders) is shared, as a cluster's
-shared file system is. Addresses exist only inside the nodes; nothing of the machine is changed, and
-killing a node's first process ends every process of that node.
+with its own host name, address, /etc/hosts, ssh client settings and sshd, cabled (a virtual Ethernet
+pair) to a bridge in a network namespace of its own, the switch; the disk (this checkout, .venv, the
+test's folders) is shared, as a cluster's shared file system is. Addresses exist only inside the
+nodes; nothing of the machine is changed, and killing a node's first process ends every process of that node.
 
 Needs root, `unshare`/`nsenter`/`ip`, and sshd, ssh and pdsh (scripts/install_cluster_tools.sh);
 `missing()` says what is not there, for a skip.
@@ -68,11 +68,12 @@ class Node:
 
 
 class Nodes(contextlib.AbstractContextManager):
-    """Two nodes, node1 and node2 at SUBNET.1 and .2, joined by one veth pair, each with an sshd that
+    """Two nodes, node1 and node2 at SUBNET.1 and .2, cabled to one switch, each with an sshd that
     takes the shared key from the other (root, no password: pdsh's and DeepSpeed's way in)."""
 
     def __init__(self, folder: Path) -> None:
         self.folder, self.nodes = folder, []
+        self.switch: subprocess.Popen | None = None
 
     def __enter__(self) -> list[Node]:
         try:
@@ -122,10 +123,20 @@ class Nodes(contextlib.AbstractContextManager):
                 self._wait_for_ssh(node, other)
 
     def _link(self) -> None:
-        first, second = self.nodes
-        subprocess.run(["ip", "link", "add", "eth0", "netns", str(first.pid), "type", "veth", "peer", "name", "eth0",
-                        "netns", str(second.pid)], check=True)
-        for node in self.nodes:
+        """Each node's eth0 is cabled to a port of a bridge in a network namespace of its own (the
+        switch): a node that dies takes its cable with it, and the others keep their links and addresses."""
+        self.switch = subprocess.Popen(["unshare", "--net", "sleep", "infinity"], start_new_session=True)
+        deadline = time.monotonic() + 10
+        while os.readlink(f"/proc/{self.switch.pid}/ns/net") == os.readlink("/proc/self/ns/net"):
+            assert time.monotonic() < deadline, "the switch's namespace was not made"
+            time.sleep(0.01)
+        switch = ["nsenter", "-t", str(self.switch.pid), "--net", "--"]
+        subprocess.run([*switch, "ip", "link", "add", "switch", "type", "bridge"], check=True)
+        subprocess.run([*switch, "ip", "link", "set", "switch", "up"], check=True)
+        for i, node in enumerate(self.nodes, 1):
+            subprocess.run(["ip", "link", "add", "eth0", "netns", str(node.pid), "type", "veth", "peer", "name",
+                            f"port{i}", "netns", str(self.switch.pid)], check=True)
+            subprocess.run([*switch, "ip", "link", "set", f"port{i}", "master", "switch", "up"], check=True)
             node.run("ip", "addr", "add", f"{node.address}/24", "dev", "eth0")
             node.run("ip", "link", "set", "eth0", "up")
 
@@ -144,3 +155,6 @@ class Nodes(contextlib.AbstractContextManager):
         for node in self.nodes:
             if node.holder.poll() is None:
                 node.kill()
+        if self.switch is not None:
+            self.switch.kill()
+            self.switch.wait(timeout=30)

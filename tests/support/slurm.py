@@ -38,9 +38,9 @@ AccountingStorageType=accounting_storage/none
 MpiDefault=none
 ReturnToService=2
 SlurmdTimeout=10
-KillWait=10
+KillWait=3
 StateSaveLocation={folder}/state
-SlurmdSpoolDir={folder}/%n/spool
+SlurmdSpoolDir=/run/slurmd
 SlurmctldPidFile={folder}/slurmctld.pid
 SlurmdPidFile={folder}/%n/slurmd.pid
 SlurmctldLogFile={folder}/slurmctld.log
@@ -81,8 +81,10 @@ class Slurm(contextlib.AbstractContextManager):
         self.conf.write_text(CONF.format(head=head.name, head_address=head.address, folder=self.folder, nodes=lines))
         for node in self.nodes:
             own = self.folder / node.name
-            (own / "spool").mkdir(parents=True)
-            (node.folder / "run" / "munge").mkdir(exist_ok=True)  # the node's /run/munge
+            own.mkdir(parents=True)
+            # in the node's own /run: short paths for the daemons' Unix sockets (at most 108 bytes)
+            (node.folder / "run" / "munge").mkdir(exist_ok=True)
+            (node.folder / "run" / "slurmd").mkdir(exist_ok=True)
             self._daemon(node, own / "munged.pid", "munged", "--foreground", "--force", f"--key-file={key}",
                          f"--log-file={own / 'munged.log'}", f"--seed-file={own / 'munged.seed'}",
                          f"--pid-file={own / 'munged.pid'}")
