@@ -101,8 +101,10 @@ else
   per_node="${NPROC:-1}"
 fi
 if [ -n "${HOSTFILE:-}" ] && [ -z "${NUM_NODES:-}" ]; then
-  # every host of the hostfile, each with its slots (DeepSpeed's "host slots=N" format)
-  world="$(awk '!/^[[:space:]]*(#|$)/ { n = per; for (i = 2; i <= NF; i++) if ($i ~ /^slots=/) { split($i, a, "="); n = a[2] } s += n } END { print s }' per="$per_node" "$HOSTFILE")"
+  # every host of the hostfile, each with its slots (DeepSpeed's "host slots=N" format); on CPUs a host
+  # runs one process per slot, and the thread count below divides the cores by the most on any host
+  read -r world most <<< "$(awk '!/^[[:space:]]*(#|$)/ { n = per; for (i = 2; i <= NF; i++) if ($i ~ /^slots=/) { split($i, a, "="); n = a[2] } s += n; if (n > m) m = n } END { print s + 0, m + 0 }' per="$per_node" "$HOSTFILE")"
+  if [ "$gpus" -eq 0 ] && [ "$most" -gt 0 ]; then per_node="$most"; fi
   nodes=""
 else
   nodes="${NUM_NODES:-1}"

@@ -91,6 +91,31 @@ def test_several_nodes_pass_the_arguments_as_one_word_that_no_remote_shell_split
     assert not marker.exists()
 
 
+def test_cpu_hosts_of_a_hostfile_share_their_cores_among_their_slots(shakespeare_shards, tmp_path):
+    """Without GPUs a host runs one process per slot: the thread count every rank gets (through the
+    launch's environment file) divides the cores by the most slots on any host, not by NPROC (1).
+    A stand-in `deepspeed` records what the launch hands it."""
+    import os
+
+    bin_dir, recorded = tmp_path / "bin", tmp_path / "env-file"
+    bin_dir.mkdir()
+    (bin_dir / "python").write_text(f'#!/bin/sh\nexec {sys.executable} "$@"\n')
+    (bin_dir / "deepspeed").write_text(f'#!/bin/sh\ncat "$DS_ENV_FILE" > {recorded}\n')
+    for tool in bin_dir.iterdir():
+        tool.chmod(0o755)
+    (tmp_path / "hostfile").write_text(f"node-a slots={os.cpu_count()}\nnode-b slots=1\n")
+    env = child_env(PYTHON=str(bin_dir / "python"), GPU_DEVICE_NODES=str(tmp_path / "nvidia0"),
+                    HOSTFILE=str(tmp_path / "hostfile"))
+    env.pop("OMP_NUM_THREADS")
+    result = subprocess.run(["bash", "launch/pretrain.sh", "configs/tiny/mamba2-implicit.yaml",
+                             f"data.prefixes=[{shakespeare_shards}]", "data.source=null",
+                             f"train.global_batch_size={8 * (os.cpu_count() + 1)}",
+                             f"train.output_dir={tmp_path / 'run'}"], cwd=ROOT, env=env, capture_output=True,
+                            text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "OMP_NUM_THREADS=1" in recorded.read_text().splitlines()
+
+
 def test_a_mistyped_data_prefix_is_refused_before_launch(shakespeare_shards, tmp_path):
     typo = shakespeare_shards + "_typo"
     result = pretrain("configs/tiny/mamba2-implicit.yaml", f"data.prefixes=[{typo}]", f"train.output_dir={tmp_path}")

@@ -42,21 +42,30 @@ def submit(slurm: Slurm, log: Path, *overrides: str, **env: str) -> int:
                         TINY, *overrides, PYTHON=sys.executable, OMP_NUM_THREADS="1", **env)
 
 
-def test_a_sigterm_at_start_up_stops_every_rank_and_the_requeued_job_resumes(slurm, zero1_run, shakespeare_shards,
-                                                                             tmp_path):
+def test_a_sigterm_at_start_up_or_mid_run_stops_every_rank_and_the_requeued_job_resumes(
+        slurm, zero1_run, shakespeare_shards, tmp_path):
     """`scancel --signal=TERM` as rank 0 takes the run's folder: each task gets the signal at its own
     moment of the start-up (rank 1 may be in the rendezvous already). Every rank trains its first step,
-    saves and exits 0; the job requeues itself, and the next allocation resumes to the reference's losses."""
+    saves and exits 0; the job requeues itself. In the next allocation the same mid-run: a step, a
+    checkpoint, a requeue; the third allocation completes the run to the reference's losses."""
     out, log = tmp_path / "run", tmp_path / "job.out"
-    job = submit(slurm, log, *zero1_overrides(shakespeare_shards, out))
+    job = submit(slurm, log, *zero1_overrides(shakespeare_shards, out), **faults(seconds_per_step=0.3))
     slurm.wait_until(lambda: (out / "run.lock").exists(), "the start-up of rank 0", 120)
+    slurm.run("scancel", "--signal=TERM", str(job))
+
+    def resumed_and_training() -> bool:
+        slurm.skip_requeue_delay(job)
+        return "bounded-step1 (resume, native)" in log.read_text() and max(losses(out), default=0) >= 4
+
+    slurm.wait_until(resumed_and_training, "the requeued job's steps", 180)
     slurm.run("scancel", "--signal=TERM", str(job))
     info = slurm.wait_for(job, ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL"), 300, skip_delay=True)
     text = log.read_text()
-    assert info["JobState"] == "COMPLETED" and info["Restarts"] == "1", text[-3000:]
-    assert "stopped by SIGTERM after step 1" in text and f"requeueing job {job}" in text
-    assert "bounded-step1 (resume, native)" in text
-    assert losses(out) == losses(zero1_run)  # the step before the stop, then the resume, as one run
+    assert info["JobState"] == "COMPLETED" and info["Restarts"] == "2", text[-3000:]
+    assert "stopped by SIGTERM after step 1" in text and text.count(f"requeueing job {job}") == 2
+    stopped = [line for line in text.splitlines() if "stopped by SIGTERM after step" in line]
+    assert len(stopped) == 2 and "after step 1" not in stopped[1]
+    assert losses(out) == losses(zero1_run)  # the steps of three allocations, as one straight run
 
 
 def test_a_lost_node_ends_the_job_naming_its_rank_and_one_node_resumes_to_the_same_losses(

@@ -126,17 +126,23 @@ class Slurm(contextlib.AbstractContextManager):
         return dict(re.findall(r"(\w+)=(\S*)", text))
 
     def wait_for(self, job: int, states: tuple[str, ...], seconds: float, skip_delay: bool = False) -> dict[str, str]:
-        """The job's state once it is one of `states`. skip_delay: a requeued job starts at once (slurmctld
-        holds it back for a while first, to let its nodes clean up; ours have nothing to clean)."""
+        """The job's state once it is one of `states` (skip_delay: a requeued job starts at once)."""
         deadline = time.monotonic() + seconds
         while True:
             info = self.state(job)
             if info.get("JobState") in states:
                 return info
-            if skip_delay and info.get("JobState") == "PENDING" and info.get("Reason") == "BeginTime":
-                self.run("scontrol", "update", f"JobId={job}", "StartTime=now", check=False)
+            if skip_delay:
+                self.skip_requeue_delay(job, info)
             assert time.monotonic() < deadline, f"job {job} still {info.get('JobState')} after {seconds} s: {info}"
             time.sleep(0.25)
+
+    def skip_requeue_delay(self, job: int, info: dict[str, str] | None = None) -> None:
+        """A requeued job waits a while before it is eligible again (slurmctld lets its nodes clean up;
+        ours have nothing to clean): it starts now instead."""
+        info = info or self.state(job)
+        if info.get("JobState") == "PENDING" and info.get("Reason") == "BeginTime":
+            self.run("scontrol", "update", f"JobId={job}", "StartTime=now", check=False)
 
     def __exit__(self, *exc) -> None:
         for node, pid_file in reversed(self.daemons):
