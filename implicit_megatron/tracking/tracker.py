@@ -71,9 +71,18 @@ def _warn(message: str) -> None:
 
 def _first_line(err: BaseException) -> str:
     """A foreign error's first line, cut at 300 characters (a server may answer with a whole page);
-    our own refusals whole, as their reasons come after the paths they name."""
-    line = (str(err).splitlines() or [""])[0]
-    return f"{type(err).__name__}: {line if isinstance(err, ArtifactsOutside) else line[:300]}"
+    our own refusals whole, as their reasons come after the paths they name. An error raised while
+    handling another says why by its first cause: MLflow's error on a full disk starts with
+    SQLAlchemy's "(raised as a result of Query-invoked autoflush; ...)", and only sqlite's error at
+    the bottom of the chain says "database or disk is full"."""
+    cause, seen = err, {id(err)}
+    while (deeper := cause.__cause__ or cause.__context__) is not None and id(deeper) not in seen:
+        cause = deeper
+        seen.add(id(cause))
+    line = (str(cause).splitlines() or [""])[0]
+    line = line if isinstance(cause, ArtifactsOutside) else line[:300]
+    named = type(err).__name__ if cause is err else f"{type(err).__name__}, from {type(cause).__name__}"
+    return f"{named}: {line}"
 
 
 def store_problem(db: Path) -> str | None:

@@ -165,10 +165,9 @@ def test_weights_and_biases_offline_writes_a_run_that_a_resume_continues(tmp_pat
     assert len(runs) == 2 and all((r / f"run-{run_id}.wandb").is_file() for r in runs)  # one run, resumed
 
 
-@pytest.mark.processes
-def test_a_tensorboard_folder_that_takes_no_files_is_one_warning(tmp_path):
-    """On a read-only file system the writer's own thread would fail with a traceback on stderr; the
-    launch says it once and goes on."""
+def on_a_small_tmpfs(tmp_path, mount: str, snippet: str):
+    """`snippet` (its `OUT`: the folder) run by a Python in a mount namespace of its own, where the
+    folder is a small tmpfs that `mount` (shell commands, `$OUT` the folder) sets up."""
     import subprocess
     import sys
 
@@ -178,19 +177,50 @@ def test_a_tensorboard_folder_that_takes_no_files_is_one_warning(tmp_path):
     out.mkdir()
     if not can_mount_tmpfs(out):
         pytest.skip("this kernel does not let an unprivileged user mount a tmpfs (no user namespaces)")
+    script = f'{mount} && {sys.executable} -c "$SNIPPET"'
+    result = subprocess.run(["unshare", "--user", "--map-root-user", "--mount", "bash", "-c", script], cwd=ROOT,
+                            env=child_env(SNIPPET=f"OUT = {str(out)!r}\n{snippet}", OUT=str(out)),
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result
+
+
+@pytest.mark.processes
+def test_a_tensorboard_folder_that_takes_no_files_is_one_warning(tmp_path):
+    """On a read-only file system the writer's own thread would fail with a traceback on stderr; the
+    launch says it once and goes on."""
     snippet = ("from implicit_megatron import load_config\n"
                "from implicit_megatron.tracking.dashboards import Dashboards\n"
-               f"cfg = load_config('configs/tiny/mamba2-implicit.yaml', ['train.output_dir={out}', "
+               "cfg = load_config('configs/tiny/mamba2-implicit.yaml', [f'train.output_dir={OUT}', "
                "'tracking.tensorboard=true'], check_files=False)\n"
                "d = Dashboards(); d.start(cfg, 0, False); d.log({'train/loss': 1.0}, 1); d.finish('FINISHED')\n"
                "import time; time.sleep(0.5)\n")
-    script = (f"mount -t tmpfs -o size=1m tmpfs {out} && mkdir {out}/tensorboard && mount -o remount,ro {out} && "
-              f"{sys.executable} -c \"$SNIPPET\"")
-    result = subprocess.run(["unshare", "--user", "--map-root-user", "--mount", "bash", "-c", script], cwd=ROOT,
-                            env=child_env(SNIPPET=snippet), capture_output=True, text=True, timeout=120)
-    assert result.returncode == 0, result.stderr[-3000:]
+    result = on_a_small_tmpfs(tmp_path, 'mount -t tmpfs -o size=1m tmpfs "$OUT" && mkdir "$OUT/tensorboard" && '
+                                        'mount -o remount,ro "$OUT"', snippet)
     assert "TensorBoard is off for this launch (OSError: [Errno 30] Read-only file system" in result.stdout
     assert "Traceback" not in result.stderr and "Exception in thread" not in result.stderr, result.stderr[-3000:]
+
+
+@pytest.mark.processes
+def test_logging_stopped_by_a_full_disk_says_the_disk_is_full(tmp_path):
+    """MLflow's error on a full disk starts with SQLAlchemy's "(raised as a result of Query-invoked
+    autoflush; ...)": the warning names the cause at the bottom of the chain instead."""
+    snippet = ("import yaml\n"
+               "from implicit_megatron import load_config\n"
+               "from implicit_megatron.tracking.tracker import Tracker\n"
+               "cfg = load_config('configs/tiny/mamba2-implicit.yaml', [f'train.output_dir={OUT}'], "
+               "check_files=False)\n"
+               "open(f'{OUT}/config.yaml', 'w').write(yaml.safe_dump(cfg.to_dict()))\n"
+               "tracker = Tracker(cfg, active=True); tracker.begin(0); tracker.log({'train/loss': 1.0}, 1)\n"
+               "fill = open(f'{OUT}/fill', 'wb')\n"
+               "try:\n    while True: fill.write(bytes(65536))\nexcept OSError: fill.close()\n"
+               "step = 2\n"
+               "while tracker.run_id is not None and step < 1000:\n"
+               "    tracker.log({f'm{i}': float(step) for i in range(50)}, step); step += 1\n")
+    result = on_a_small_tmpfs(tmp_path, 'mount -t tmpfs -o size=3m tmpfs "$OUT"', snippet)
+    warned = [line for line in result.stdout.splitlines() if "MLflow logging stopped at step" in line]
+    assert len(warned) == 1, result.stdout[-3000:]
+    assert "from OperationalError: database or disk is full" in warned[0], warned[0]
 
 
 def test_a_resume_drops_the_steps_it_trains_again_and_a_line_a_kill_cut(tmp_path):
