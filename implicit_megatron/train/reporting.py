@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from implicit_megatron.checkpoints.layout import checkpoint_dir
+from implicit_megatron.checkpoints.layout import DamagedCheckpoint, checkpoint_dir, read_latest
 from implicit_megatron.config import Config
 from implicit_megatron.errors import RunStopped
 from implicit_megatron.tracking.metrics_file import METRICS_FILE, append_metrics
@@ -81,7 +81,15 @@ class Reporter:
                 append_metrics(self.cfg.output_dir, step, metrics)
             except OSError as err:  # a full disk: the run cannot keep its record, and says so in one line
                 raise RunStopped(f"{Path(self.cfg.output_dir) / METRICS_FILE}: could not be written at step {step} "
-                                 f"({err.strerror or err}); the checkpoint `latest` names is intact") from None
+                                 f"({err.strerror or err}); {self._saved()}") from None
+
+    def _saved(self) -> str:
+        """What a resume would start from, as the run's folder holds it now."""
+        try:
+            tag = read_latest(checkpoint_dir(self.cfg))
+        except (OSError, DamagedCheckpoint):
+            tag = None
+        return f"the checkpoint `latest` names ({tag}) is intact" if tag else "no checkpoint of this run was saved"
 
     def val_loss_at(self, step: int) -> float | None:
         """The validation loss of the weights at `step`, where a validation ran there."""

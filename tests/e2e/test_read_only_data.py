@@ -39,6 +39,31 @@ def test_shards_on_a_read_only_file_system_train(shakespeare_shards, tmp_path):
     assert any(cache.rglob("*.npy")), list(cache.rglob("*"))  # megatron-core's indices, built here
 
 
+@pytest.mark.distributed
+def test_a_run_folder_that_turns_read_only_ends_the_run_saying_what_is_saved(shakespeare_shards, tmp_path):
+    """The run's file system remounted read-only under a running job (a storage fault, a full quota):
+    one line names the file and says that no checkpoint was saved, and the lock it cannot remove is a
+    note for the next launch, not a traceback."""
+    out = tmp_path / "fs"
+    out.mkdir()
+    if not can_mount_tmpfs(out):
+        pytest.skip("this kernel does not let an unprivileged user mount (no user namespaces)")
+    run = out / "run"
+    train = [sys.executable, "-m", "implicit_megatron.train", TINY, f"data.prefixes=[{shakespeare_shards}]",
+             "data.source=null", f"train.output_dir={run}", "train.steps=400", "train.log_interval=1",
+             "checkpoint.interval=1000", "train.eval_interval=1000", "tracking.enabled=false"]
+    script = (f"mount -t tmpfs -o size=64m tmpfs {out} && {{ {' '.join(train)} & }}; "
+              f"until [ -f {run}/metrics.jsonl ] && [ $(wc -l < {run}/metrics.jsonl) -ge 2 ]; do sleep 0.1; done; "
+              f"mount -o remount,ro {out} && wait $!")
+    result = subprocess_run(script, tmp_path / "cache")
+    assert result.returncode == 1, result.stdout[-3000:] + result.stderr[-3000:]
+    said = [line for line in result.stderr.splitlines() if line.startswith("error on rank 0")]
+    assert len(said) == 1 and f"{run}/metrics.jsonl: could not be written at step" in said[0], result.stderr[-3000:]
+    assert "(Read-only file system); no checkpoint of this run was saved" in said[0]
+    assert f"note: {run}/run.lock stays (Read-only file system)" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
 def subprocess_run(script: str, user_cache: Path) -> subprocess.CompletedProcess:
     return subprocess.run(["unshare", "--user", "--map-root-user", "--mount", "bash", "-c", script], cwd=ROOT,
                           env=child_env(XDG_CACHE_HOME=str(user_cache)), capture_output=True, text=True, timeout=300)

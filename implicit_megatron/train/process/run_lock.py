@@ -135,10 +135,15 @@ class RunLock:
         return None
 
     def release(self) -> None:
-        """Remove the lock if it is still ours."""
+        """Remove the lock if it is still ours. A folder that became read-only (or vanished) keeps it:
+        the next launch finds its process gone and takes the folder over, so this is a note, not an error."""
         holder = self._read(self.path) if self.path.exists() else None
         if holder and holder.get("pid") == self.holder["pid"] and holder.get("host") == self.holder["host"]:
-            self.path.unlink(missing_ok=True)
+            try:
+                self.path.unlink(missing_ok=True)
+            except OSError as err:
+                print(f"[train] note: {self.path} stays ({err.strerror or err}); the next launch on this host "
+                      "takes it over", file=sys.stderr, flush=True)
 
 
 if __name__ == "__main__":
