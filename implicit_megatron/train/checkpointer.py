@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import os
 import random
+import resource
 import shutil
 from collections.abc import Callable
 from pathlib import Path
@@ -81,18 +82,28 @@ def refuse_nonfinite_weights(module: torch.nn.Module, folder: Path, tag: str) ->
 
 
 def _why_save_failed(err: Exception, partial: Path) -> str:
-    """One line: the cause (errno's words, or a full disk that torch reports without one) and the file."""
-    written = [p for p in partial.rglob("*") if p.is_file()] if partial.is_dir() else []
-    last = max(written, key=lambda p: p.stat().st_mtime_ns, default=None)
-    where = getattr(err, "filename", None) or last or partial
+    """One line: the cause (errno's words, or a full disk or a file-size limit that torch reports
+    without one) and the file this rank was writing (`filename`, as `_written_to` records it)."""
+    where = getattr(err, "filename", None) or partial
     free = shutil.disk_usage(partial.parent).free if partial.parent.is_dir() else None
+    limit = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
     if isinstance(err, OSError) and err.errno is not None:
         cause = err.strerror
     elif free is not None and free < (1 << 20):
         cause = f"no space left on device ({free} bytes free)"
+    elif limit != resource.RLIM_INFINITY and Path(where).is_file() and Path(where).stat().st_size >= limit:
+        cause = f"the file size limit of this process was reached (ulimit -f: {limit} bytes)"
     else:
         cause = str(err).strip().splitlines()[0]
     return f"{cause} (writing {where})"
+
+
+def _written_to(err: Exception, target) -> Exception:
+    """`err` with the file it came from as its `filename`: torch reports a failed write without one,
+    and the newest file of the folder may be another rank's."""
+    if getattr(err, "filename", None) is None and target is not None:
+        err.filename = str(target)  # type: ignore[attr-defined]
+    return err
 
 
 @contextlib.contextmanager
@@ -109,7 +120,8 @@ def writes_recorded(engine, failures: list[Exception]):
             try:
                 return write(*args, **kwargs)
             except (OSError, RuntimeError) as err:
-                failures.append(err)
+                target = next((a for a in (*args, *kwargs.values()) if isinstance(a, (str, os.PathLike))), None)
+                failures.append(_written_to(err, target))
                 return None
         return attempt
 
@@ -152,7 +164,11 @@ def save(engine, cfg: Config, tag: str, client_state: dict, val_loss: float | No
             engine.save_checkpoint(str(folder), tag=partial, client_state=client_state, save_latest=False)
         if failed_writes:
             raise failed_writes[0]
-        torch.save(_rng_state(), folder / partial / f"rng_rank{rank}.pt")
+        rng_file = folder / partial / f"rng_rank{rank}.pt"
+        try:
+            torch.save(_rng_state(), rng_file)
+        except (OSError, RuntimeError) as err:
+            raise _written_to(err, rng_file) from None
     except (OSError, RuntimeError) as err:  # torch reports a full disk as a RuntimeError without errno
         failure = _why_save_failed(err, folder / partial)
     failed = torch.tensor([failure is not None], dtype=torch.float64)

@@ -51,6 +51,27 @@ def test_a_save_into_a_full_filesystem_fails_by_name_and_keeps_latest(nproc, sha
     assert "LATEST bounded-step6 ['bounded-step6', 'latest', 'run_id']" in result.stdout  # complete; no partial left
 
 
+@pytest.mark.distributed
+def test_a_file_size_limit_names_the_file_that_met_it(shakespeare_shards, tmp_path):
+    """`ulimit -f` (1000 KB) on two processes under ZeRO-0: rank 0's model states (1.9 MB with the
+    optimizer's) meet the limit while rank 1 writes its small file; the line names rank 0's file and
+    the limit, not the newest file of the folder (once rank 1's rng_rank1.pt, with torch's
+    "unexpected pos" as the cause)."""
+    out = tmp_path / "out"
+    train = [sys.executable, "-m", "implicit_megatron.train.process.torchrun", "--nnodes", "1", "--nproc_per_node",
+             "2", "--master_addr", "127.0.0.1", "--master_port", str(free_port()), "-m", "implicit_megatron.train",
+             TINY, f"data.prefixes=[{shakespeare_shards}]", "data.source=null", f"train.output_dir={out}",
+             "train.steps=2", "checkpoint.interval=2", "train.eval_interval=100", "tracking.enabled=false",
+             "distributed.zero_stage=0", "schedule.warmup_steps=1", "curriculum.phases=[]"]
+    result = run_in_session(["bash", "-c", f"ulimit -f 1000 && exec {' '.join(train)}"], timeout=300)
+    assert result.returncode != 0
+    lines = [line for line in result.stderr.splitlines() if "could not be saved" in line]
+    assert lines and lines[0].startswith("error on rank 0: CheckpointSaveError: "), result.stderr[-3000:]
+    assert "the file size limit of this process was reached (ulimit -f: 1024000 bytes)" in lines[0], lines[0]
+    assert f"(writing {out}/checkpoints/.partial-step2/mp_rank_00_model_states.pt)" in lines[0], lines[0]
+    assert "no earlier checkpoint exists" in lines[0]
+
+
 def test_preprocessing_into_a_full_filesystem_fails_by_name_and_publishes_nothing(tmp_path):
     """Room for the finished input's parts (3 MB) but not for the merged shards as well: one line
     naming the output and the cause, exit 1, no shard under its name nor half-written, the finished
