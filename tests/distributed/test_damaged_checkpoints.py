@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import shutil
 import subprocess
 import sys
@@ -10,14 +9,9 @@ from pathlib import Path
 
 import pytest
 from support.processes import ROOT, run_torchrun
-from support.reference_runs import zero1_overrides
+from support.reference_runs import losses, zero1_overrides
 
 TINY = "configs/tiny/mamba2-implicit.yaml"
-
-
-def losses(out: Path) -> dict[int, float]:
-    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    return {row["step"]: row["train/loss"] for row in rows if "train/loss" in row}
 
 
 def export(checkpoints: Path, out: Path, *args: str) -> subprocess.CompletedProcess:

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 from support.processes import run_torchrun
-from support.reference_runs import ZERO1_RUN
+from support.reference_runs import ZERO1_RUN, losses
 
 from implicit_megatron import load_config
 from implicit_megatron.train.schedule import learning_rate
@@ -29,11 +29,6 @@ assert STEPS in ZERO1_RUN
 def args(shards: str, out: Path, *extra: str) -> list[str]:
     return [f"data.prefixes=[{shards}]", "data.source=null", f"train.output_dir={out}", STEPS,
             "train.eval_interval=100", "train.log_interval=1", "tracking.enabled=false", *extra]
-
-
-def losses(out: Path) -> dict[int, float]:
-    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    return {r["step"]: r["train/loss"] for r in rows if "train/loss" in r}
 
 
 @pytest.mark.distributed

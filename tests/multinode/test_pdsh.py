@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 from support.nodes import Nodes, missing
-from support.reference_runs import zero1_overrides
+from support.reference_runs import losses, zero1_overrides
 
 pytestmark = [pytest.mark.distributed, pytest.mark.skipif(missing() is not None, reason=missing() or "")]
 CONFIG = "configs/tiny/mamba2-implicit.yaml"
@@ -39,12 +39,6 @@ def launch_env(tmp_path: Path, **extra: str) -> dict[str, str]:
     env = {key: value for key, value in os.environ.items() if not key.startswith(("MASTER_", "OMP_", "PYTEST"))}
     return {**env, "PYTHON": sys.executable, "OMP_NUM_THREADS": "1", "HOSTFILE": str(hostfile),
             "MLFLOW_DISABLE_TELEMETRY": "true", **extra}
-
-
-def losses(out: Path) -> dict[int, float]:
-    metrics = out / "metrics.jsonl"
-    rows = [json.loads(line) for line in metrics.read_text().splitlines()] if metrics.is_file() else []
-    return {row["step"]: row["train/loss"] for row in rows if "train/loss" in row}
 
 
 def ranks(node) -> list[int]:

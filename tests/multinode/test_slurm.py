@@ -7,33 +7,23 @@ allocation resumes to the same losses."""
 
 from __future__ import annotations
 
-import json
-import shutil
 import sys
 import time
 from pathlib import Path
 
 import pytest
-from support.nodes import Nodes, missing
+from support.nodes import Nodes
 from support.processes import faults
-from support.reference_runs import TINY, zero1_overrides
-from support.slurm import TOOLS, Slurm
+from support.reference_runs import TINY, losses, zero1_overrides
+from support.slurm import Slurm, missing
 
-absent = missing() or next((f"not installed: {tool} (bash scripts/install_cluster_tools.sh)" for tool in TOOLS
-                            if shutil.which(tool, path="/usr/bin:/usr/sbin:/bin:/sbin") is None), None)
-pytestmark = [pytest.mark.distributed, pytest.mark.skipif(absent is not None, reason=absent or "")]
+pytestmark = [pytest.mark.distributed, pytest.mark.skipif(missing() is not None, reason=missing() or "")]
 
 
 @pytest.fixture
 def slurm(tmp_path):
     with Nodes(tmp_path / "nodes") as nodes, Slurm(nodes, tmp_path / "slurm") as cluster:
         yield cluster
-
-
-def losses(out: Path) -> dict[int, float]:
-    metrics = out / "metrics.jsonl"
-    rows = [json.loads(line) for line in metrics.read_text().splitlines()] if metrics.is_file() else []
-    return {row["step"]: row["train/loss"] for row in rows if "train/loss" in row}
 
 
 def submit(slurm: Slurm, log: Path, *overrides: str, **env: str) -> int:

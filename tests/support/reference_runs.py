@@ -15,3 +15,11 @@ ZERO1_RUN = ("train.steps=12", "checkpoint.interval=6", "checkpoint.keep_last=5"
 def zero1_overrides(shards: str, out: Path, *extra: str) -> list[str]:
     """ZERO1_RUN's command line into `out`; `extra` after it, so it can switch tracking on."""
     return [f"data.prefixes=[{shards}]", "data.source=null", f"train.output_dir={out}", *ZERO1_RUN, *extra]
+
+
+def losses(out: Path) -> dict[int, float]:
+    """Step -> training loss in a run folder's metrics.jsonl (whole records only: the run may be
+    writing it while a test reads)."""
+    from implicit_megatron.tracking.metrics_file import read_metrics
+
+    return {row["step"]: row["train/loss"] for row in read_metrics(out) if "train/loss" in row}

@@ -12,15 +12,24 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import shutil
 import signal
 import subprocess
 import time
 from pathlib import Path
 
 from support.nodes import Node
+from support.nodes import missing as nodes_missing
 from support.processes import ROOT
 
-TOOLS = ("munged", "slurmctld", "slurmd", "sbatch", "srun", "scontrol", "squeue", "scancel")
+TOOLS = ("munged", "slurmctld", "slurmd", "sbatch", "srun", "scontrol", "sinfo", "scancel")
+
+
+def missing() -> str | None:
+    """Why a SLURM cluster cannot be made here (None: it can): the nodes' reasons, or a tool missing."""
+    absent = [tool for tool in TOOLS if shutil.which(tool, path="/usr/bin:/usr/sbin:/bin:/sbin") is None]
+    return nodes_missing() or (f"not installed: {', '.join(absent)} (bash scripts/install_cluster_tools.sh)"
+                               if absent else None)
 
 CONF = """ClusterName=tests
 SlurmctldHost={head}({head_address})
