@@ -26,6 +26,21 @@ def test_a_count_that_is_not_a_number_is_refused_before_any_arithmetic(variable,
     assert not marker.exists()
 
 
+@pytest.mark.parametrize("variable", ["SLURM_GPUS_ON_NODE", "SLURM_NTASKS_PER_NODE", "SLURM_JOB_NUM_NODES",
+                                      "SLURM_CPUS_ON_NODE", "SLURM_CPUS_PER_TASK", "MASTER_PORT"])
+def test_a_count_the_sbatch_example_computes_with_is_refused_when_not_a_number(variable, tmp_path):
+    """SLURM leaves some unset (no GPU gres: SLURM_GPUS_ON_NODE): sbatch's --export=ALL brings the
+    submitting shell's value instead."""
+    marker = tmp_path / "marker"
+    result = subprocess.run(["bash", "launch/examples/slurm.sbatch", TINY, f"train.output_dir={tmp_path / 'run'}"],
+                            cwd=ROOT, env=child_env(PYTHON=sys.executable, SLURM_SUBMIT_DIR=str(ROOT),
+                                                    SLURM_JOB_NODELIST="node1", **{variable: f"x[$(touch {marker})]"}),
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.startswith(f"slurm.sbatch: {variable}=") and "is not a whole number" in result.stderr
+    assert not marker.exists() and not (tmp_path / "run").exists()
+
+
 @pytest.mark.parametrize("address", ["node1;touch {marker}", "$(touch {marker})", "node1 -o ProxyCommand=x"])
 def test_a_master_address_that_is_not_an_address_is_refused(address, tmp_path):
     marker = tmp_path / "marker"
