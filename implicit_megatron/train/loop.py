@@ -62,6 +62,13 @@ class Trainer:
         init_distributed(cfg)
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
         self.stall = StallWatch(cfg.distributed.timeout_minutes, self.rank, self.world)  # start-up is watched too
+        try:
+            self._start_up(cfg)
+        except BaseException:
+            self.stall.done()  # its threads must not outlive the process group (see fit)
+            raise
+
+    def _start_up(self, cfg: Config) -> None:
         self.callbacks = callbacks.registered()
         self.task = build_task(cfg)
         apply_environment(cfg)  # MLflow's own variables, where the config sets no store or experiment
@@ -105,6 +112,15 @@ class Trainer:
     # ---------------------------------------------------------------- loop
 
     def fit(self) -> None:
+        """Train to the end of this launch. However it ends (a refusal in the resume included), the
+        stall watch ends first: a heartbeat thread still inside a store call while the process group
+        is torn down aborts the process ("terminate called without an active exception")."""
+        try:
+            self._fit()
+        finally:
+            self.stall.done()
+
+    def _fit(self) -> None:
         for callback in self.callbacks:
             callback.on_start_up_done(self.cfg)
         stopping.check()  # the last point of the start-up: from here a SIGTERM saves a checkpoint
@@ -116,7 +132,6 @@ class Trainer:
             final = f"; the last one, at step {last[-1]['step']}: {validation_text(last[-1])}" if last else ""
             self.log(f"already complete: step {start} of {end} (train.steps); nothing to train{final}")
             self.reporter.tracker.finish("FINISHED")
-            self.stall.done()
             return
         status, t, p = "FINISHED", self.cfg.train, self.progress
         self.reporter.begin(start, end, sum(param.numel() for param in self.model.parameters()),
@@ -158,7 +173,7 @@ class Trainer:
             status = "FAILED"
             raise
         finally:
-            self.stall.done()
+            self.stall.done()  # before the tracker's last writes: the neighbour stops watching this rank
             self.reporter.tracker.finish(status)
 
     def train_step(self, step: int) -> None:
