@@ -12,6 +12,7 @@ own, so that a file planted beside them is never read), and reads them weights-o
 from __future__ import annotations
 
 import os
+import resource
 import shutil
 import subprocess
 import sys
@@ -38,7 +39,7 @@ from implicit_megatron.checkpoints.layout import (
 from implicit_megatron.errors import RunRefused
 from implicit_megatron.utils.lean_imports import import_deepspeed
 from implicit_megatron.utils.own_files import STAGING_SUFFIX
-from implicit_megatron.utils.safe_write import remove_leftover
+from implicit_megatron.utils.safe_write import OUT_OF_ROOM, out_of_room, remove_leftover, room_cause, room_cause_of
 
 
 def to_universal(path: Path, workers: int = 2, log=None) -> Path:
@@ -49,7 +50,9 @@ def to_universal(path: Path, workers: int = 2, log=None) -> Path:
     weights-only unpickler. A `universal/` the manifest does not vouch for (copied in, changed, or
     holding a pickle that would run code) is removed and converted again, with a log line. The
     conversion runs in a process of its own (it starts worker pools) into a temporary folder that
-    is renamed when complete, so an interrupted conversion is redone, never half-used.
+    is renamed when complete, so an interrupted conversion is redone, never half-used; a failed one
+    is removed, and one that failed for want of room (a full disk, a file size limit) says so in one
+    line instead of the converter's tracebacks.
     """
     out = path / UNIVERSAL
     if out.exists():
@@ -60,16 +63,67 @@ def to_universal(path: Path, workers: int = 2, log=None) -> Path:
         out.unlink() if out.is_symlink() else shutil.rmtree(out)
     tmp = path / UNIVERSAL_TMP
     remove_leftover(tmp)  # a link there would have the converter write through it
-    _convert(path, tmp, workers)
-    for file in sorted(p for p in tmp.rglob("*") if p.is_file()):
+    try:
+        _convert(path, tmp, workers)
+        _refuse_unsafe_files(tmp)
+        os.replace(tmp, out)
+        (path / UNIVERSAL_NOTE).unlink(missing_ok=True)  # names the temporary folder: wrong once renamed
+        record_universal(path, out)
+    except BaseException as err:
+        why = _without_room(err, path) if isinstance(err, Exception) else None  # measured before the removal
+        for partial in (tmp, out):  # `out` only where the failure came after the rename (the manifest's write)
+            remove_leftover(partial)
+        if why is None:
+            raise
+        raise RuntimeError(f"{path}: conversion to a universal checkpoint failed: {why}; the partial conversion was "
+                           "removed and the checkpoint itself is intact") from None
+    return out
+
+
+class ConversionFailed(RuntimeError):
+    """The converter's process failed; `output` is the end of what it printed."""
+
+    def __init__(self, message: str, output: str) -> None:
+        super().__init__(message)
+        self.output = output
+
+
+# what a write cut short for want of room leaves in an error: the OS's words, or torch's own
+CUT_SHORT = (*(os.strerror(code) for code in OUT_OF_ROOM), "unexpected pos", "iostream error", "file write failed")
+
+
+def _without_room(err: Exception, tag: Path) -> str | None:
+    """One line for a conversion that failed for want of room (a full disk, a quota, a file size
+    limit): the cause in words and the file it was writing; None for any other failure. The
+    converter's process says so only in its tracebacks, and torch names no file: the file is the one
+    at the file size limit, else the newest of the partial conversion."""
+    said = err.output if isinstance(err, ConversionFailed) else str(err)
+    if not out_of_room(err) and not any(mark in said for mark in CUT_SHORT):
+        return None
+    written = getattr(err, "filename", None) or _last_written(tag / UNIVERSAL_TMP, tag / UNIVERSAL)
+    cause = room_cause(said, tag, written) if isinstance(err, ConversionFailed) else room_cause_of(err, tag, written)
+    if cause is None:
+        return None
+    return f"{cause} (writing {written})" if written else cause
+
+
+def _last_written(*folders: Path) -> Path | None:
+    """The file of `folders` a write cut short was writing: the one at the file size limit (no other
+    file reaches it), else the newest."""
+    files = [p for folder in folders if folder.is_dir() and not folder.is_symlink()
+             for p in folder.rglob("*") if p.is_file()]
+    limit = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
+    at_limit = [p for p in files if limit != resource.RLIM_INFINITY and p.stat().st_size >= limit]
+    return max(at_limit or files, key=lambda p: p.stat().st_mtime_ns, default=None)
+
+
+def _refuse_unsafe_files(converted: Path) -> None:
+    """Every file of the conversion loads weights-only (DeepSpeed loads them with the full unpickler)."""
+    for file in sorted(p for p in converted.rglob("*") if p.is_file()):
         problem = safe_load.weights_only_problem(file)
         if problem:
             raise RuntimeError(f"{file}: the universal conversion wrote a file that does not load weights-only "
                                f"({problem}); it is not used")
-    os.replace(tmp, out)
-    (path / UNIVERSAL_NOTE).unlink(missing_ok=True)  # names the temporary folder: wrong once renamed
-    record_universal(path, out)
-    return out
 
 
 def _convert(path: Path, out: Path, workers: int) -> None:
@@ -89,8 +143,8 @@ def _convert(path: Path, out: Path, workers: int) -> None:
     finally:
         remove_leftover(staged)
     if result.returncode != 0:
-        raise RuntimeError(f"{path}: conversion to a universal checkpoint failed:\n{result.stdout[-3000:]}"
-                           f"{result.stderr[-3000:]}")
+        output = f"{result.stdout[-3000:]}{result.stderr[-3000:]}"
+        raise ConversionFailed(f"{path}: conversion to a universal checkpoint failed:\n{output}", output)
     # The weights and optimizer state are in zero/; the model-states file only carries the client
     # state, and DeepSpeed looks for it under the name the *loading* ZeRO stage writes.
     for have, want in ((MODEL_STATES, ZERO3_MODEL_STATES), (ZERO3_MODEL_STATES, MODEL_STATES)):

@@ -32,7 +32,7 @@ from implicit_megatron.errors import first_line
 from implicit_megatron.hf.remote_code import AUTO_MAP, write_remote_code
 from implicit_megatron.models.lm import LanguageModel
 from implicit_megatron.utils.json_config import read_json_config
-from implicit_megatron.utils.safe_write import out_of_room
+from implicit_megatron.utils.safe_write import out_of_room, room_cause_of
 from implicit_megatron.utils.whole_folder import written_whole
 
 MODEL_FILE, CONFIG_FILE = "model.safetensors", "config.json"
@@ -54,7 +54,8 @@ def write_folder(out: Path, model: LanguageModel, cfg: Config, dtype: torch.dtyp
         if not out_of_room(err):
             raise
         left = "the folder there before is left as it was" if Path(out).exists() else "nothing is left under its name"
-        raise OSError(f"{out}: not written ({first_line(err)}); {left}") from None
+        cause = room_cause_of(err, Path(out).parent) or first_line(err)
+        raise OSError(f"{out}: not written: {cause}; {left}") from None
     return Path(out)
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import resource
 import shutil
 import tempfile
 from collections.abc import Iterator
@@ -26,6 +27,37 @@ def out_of_room(err: BaseException) -> bool:
     if isinstance(err, OSError):
         return err.errno in OUT_OF_ROOM
     return type(err).__name__ == "SafetensorError"
+
+
+NEARLY_FULL = 1 << 20  # bytes free below which a write cut short is put down to a full disk
+
+
+def room_cause(said: str, folder: str | Path, written: str | Path | None = None) -> str | None:
+    """Why a write into `folder` was cut short, in plain words, when it was for want of room (None
+    when nothing shows that). `said` is what the writer reported: the OS's words where it kept them
+    (safetensors wraps them in its IoError); torch cuts a write short without them ("unexpected
+    pos"), so the free space and the file size limit (`written` at it) are measured as well."""
+    limit = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
+    size_limit = f"the file size limit of this process was reached (ulimit -f: {limit} bytes)"
+    if os.strerror(errno.ENOSPC) in said:
+        return "no space left on device"
+    if os.strerror(errno.EDQUOT) in said:
+        return "the disk quota was exceeded"
+    if os.strerror(errno.EFBIG) in said:
+        return size_limit if limit != resource.RLIM_INFINITY else "the file is larger than its file system allows"
+    free = shutil.disk_usage(folder).free if Path(folder).is_dir() else None
+    if free is not None and free < NEARLY_FULL:
+        return f"no space left on device ({free} bytes free)"
+    if limit != resource.RLIM_INFINITY and written is not None and Path(written).is_file() and \
+            Path(written).stat().st_size >= limit:
+        return size_limit
+    return None
+
+
+def room_cause_of(err: BaseException, folder: str | Path, written: str | Path | None = None) -> str | None:
+    """`room_cause` of a raised error (its errno's words where it has one)."""
+    said = os.strerror(err.errno) if isinstance(err, OSError) and err.errno else str(err)
+    return room_cause(said, folder, written or getattr(err, "filename", None))
 
 
 @contextlib.contextmanager

@@ -4,12 +4,13 @@ user namespace of the test's own (where the kernel allows unprivileged ones)."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 import time
 
 import pytest
-from support.processes import ROOT, can_mount_tmpfs, child_env, free_port, run_in_session
+from support.processes import ROOT, can_mount_tmpfs, child_env, free_port, on_a_small_tmpfs, run_in_session
 
 TINY = "configs/tiny/mamba2-implicit.yaml"
 TAG_MB = 2  # one checkpoint of the tiny model (1.94 MB with its 1000-token embedding)
@@ -124,3 +125,46 @@ def test_a_stop_asked_on_a_full_disk_reaches_the_ranks(shakespeare_shards, tmp_p
     assert stopped and "no space left on device" in stopped[0].lower(), said[-3000:]
     assert "metrics.jsonl: could not be written at step" in stopped[0] or "could not be saved" in stopped[0]
     assert "Traceback" not in said
+
+
+CONVERTED_WITHOUT_ROOM = """
+import hashlib, resource, shutil, subprocess, sys
+from pathlib import Path
+
+def digests(folder):
+    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() else "a folder" for p in folder.iterdir()}
+
+tag = Path(shutil.copytree(SOURCE, Path(OUT) / "checkpoints" / "bounded-step6"))
+before = digests(tag)
+if LIMIT:
+    resource.setrlimit(resource.RLIMIT_FSIZE, (LIMIT, LIMIT))  # as `ulimit -f`; the tool inherits it
+tool = subprocess.run([sys.executable, "tools/convert_checkpoint.py", "universal", str(tag), "--workers", "1"],
+                      capture_output=True, text=True)
+print(tool.stderr, end="")
+print("RC", tool.returncode, "LEFT", sorted(p.name for p in tag.parent.iterdir()), digests(tag) == before)
+"""
+
+
+@pytest.mark.processes
+@pytest.mark.parametrize("room", ["a file size limit", "a full disk"])
+def test_a_universal_conversion_without_room_is_one_line_and_leaves_the_checkpoint(room, zero1_run, tmp_path):
+    """Room for the tag (2.3 MB) but not for its conversion (3.2 MB, and DeepSpeed's fragments): one
+    line naming the tag, the cause and the file, in place of DeepSpeed's tracebacks and torch's
+    "unexpected pos"; no temporary folder left, the tag's own files as they were."""
+    limit = 200 << 10 if room == "a file size limit" else 0  # `ulimit -f 200`: below the embedding's 0.26 MB
+    source = zero1_run / "checkpoints" / "bounded-step6"
+    snippet = f"SOURCE = {str(source)!r}\nLIMIT = {limit}\n{CONVERTED_WITHOUT_ROOM}"
+    if limit:
+        (tmp_path / "out").mkdir()
+        result = run_in_session([sys.executable, "-c", f"OUT = {str(tmp_path / 'out')!r}\n{snippet}"], timeout=120)
+    else:
+        result = on_a_small_tmpfs(tmp_path, 'mount -t tmpfs -o size=4m tmpfs "$OUT"', snippet)
+    tag = re.escape(str(tmp_path / "out" / "checkpoints" / "bounded-step6"))
+    cause = (rf"the file size limit of this process was reached \(ulimit -f: {limit} bytes\) \(writing "
+             rf"{tag}/\.universal\.tmp/zero/embedding\.weight/fp32\.pt\)" if limit else
+             rf"no space left on device \(\d+ bytes free\) \(writing {tag}/\.universal\.tmp/\S+\)")
+    *said, left = result.stdout.splitlines()
+    assert len(said) == 1 and re.fullmatch(rf"convert_checkpoint: {tag}: conversion to a universal checkpoint failed: "
+                                           f"{cause}; the partial conversion was removed and the checkpoint itself is "
+                                           "intact", said[0]), result.stdout[-3000:]
+    assert left == "RC 2 LEFT ['bounded-step6'] True", left  # no temporary folder; the tag's files unchanged

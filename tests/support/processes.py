@@ -92,3 +92,20 @@ def can_mount_tmpfs(folder) -> bool:
     probe = subprocess.run(["unshare", "--user", "--map-root-user", "--mount", "sh", "-c",
                             f"mount -t tmpfs -o size=1m tmpfs {folder}"], capture_output=True)
     return probe.returncode == 0
+
+
+def on_a_small_tmpfs(tmp_path, mount: str, snippet: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    """`snippet` (its `OUT`: the folder tmp_path/out) run by a Python in a mount namespace of its own,
+    where the folder is a small tmpfs that `mount` (shell commands, `$OUT` the folder) sets up; the
+    test is skipped where the kernel does not allow it. What the snippet leaves there is gone after,
+    so it checks what it must itself and prints it."""
+    out = tmp_path / "out"
+    out.mkdir()
+    if not can_mount_tmpfs(out):
+        pytest.skip("this kernel does not let an unprivileged user mount a tmpfs (no user namespaces)")
+    script = f'{mount} && {sys.executable} -c "$SNIPPET"'
+    result = subprocess.run(["unshare", "--user", "--map-root-user", "--mount", "bash", "-c", script], cwd=ROOT,
+                            env=child_env(SNIPPET=f"OUT = {str(out)!r}\n{snippet}", OUT=str(out)),
+                            capture_output=True, text=True, timeout=timeout)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result

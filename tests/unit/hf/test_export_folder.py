@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
-from support.processes import ROOT
+from support.processes import ROOT, on_a_small_tmpfs
 
 from implicit_megatron import build_model, from_pretrained, load_config
 from implicit_megatron.hf.export import CONFIG_FILE, MODEL_FILE, write_folder
@@ -139,7 +139,40 @@ def test_an_export_that_meets_a_file_size_limit_is_named_and_leaves_the_old_one(
     result = subprocess.run([sys.executable, "-c", WRITTEN_UNDER_A_LIMIT, str(out)], cwd=ROOT, capture_output=True,
                             text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
-    assert result.stdout.startswith(f"{out}: not written (SafetensorError: ") and \
-        result.stdout.rstrip().endswith("; the folder there before is left as it was"), result.stdout
+    assert result.stdout.strip() == (f"{out}: not written: the file size limit of this process was reached (ulimit "
+                                     "-f: 262144 bytes); the folder there before is left as it was"), result.stdout
     assert sorted(p.name for p in tmp_path.iterdir()) == ["export"]  # no partial folder left
     assert load_file(out / MODEL_FILE)  # the old export, whole
+
+
+WRITTEN_ON_A_FULL_DISK = """
+import torch
+from pathlib import Path
+from safetensors.torch import load_file
+from implicit_megatron import build_model, load_config
+from implicit_megatron.hf import export
+
+cfg = load_config("configs/tiny/mamba2-explicit.yaml", check_files=False)
+model = build_model(cfg)
+out = Path(OUT) / "export"
+export.write_folder(out, model, cfg, torch.float32)  # the export there before (0.8 MB of the 1.2 MB)
+before = {p.name: p.read_bytes() for p in out.iterdir()}
+with torch.no_grad():
+    model.embedding.weight.mul_(2)
+try:
+    export.write_folder(out, model, cfg, torch.float32)  # no room for a second copy beside it
+except OSError as err:
+    print(err)
+print("LEFT", sorted(p.name for p in Path(OUT).iterdir()), {p.name: p.read_bytes() for p in out.iterdir()} == before)
+"""
+
+
+@pytest.mark.processes
+def test_a_re_export_with_room_for_one_copy_says_the_disk_is_full_and_leaves_the_old_one(tmp_path):
+    """What `convert_checkpoint.py export` prints after its `convert_checkpoint: `: the folder and the
+    cause in words, not safetensors' IoError."""
+    result = on_a_small_tmpfs(tmp_path, 'mount -t tmpfs -o size=1200k tmpfs "$OUT"', WRITTEN_ON_A_FULL_DISK)
+    out = tmp_path / "out" / "export"
+    said, left = result.stdout.splitlines()
+    assert said == f"{out}: not written: no space left on device; the folder there before is left as it was", said
+    assert left == "LEFT ['export'] True"  # no partial folder left; the old export as it was

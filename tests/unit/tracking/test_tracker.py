@@ -7,7 +7,7 @@ import os
 import sqlite3
 
 import pytest
-from support.processes import ROOT
+from support.processes import ROOT, on_a_small_tmpfs
 
 from implicit_megatron import load_config
 from implicit_megatron.tracking import tracker as tracker_module
@@ -163,26 +163,6 @@ def test_weights_and_biases_offline_writes_a_run_that_a_resume_continues(tmp_pat
     run_id = (tmp_path / "wandb_run_id").read_text().strip()
     runs = sorted((tmp_path / "wandb").glob(f"offline-run-*-{run_id}"))
     assert len(runs) == 2 and all((r / f"run-{run_id}.wandb").is_file() for r in runs)  # one run, resumed
-
-
-def on_a_small_tmpfs(tmp_path, mount: str, snippet: str):
-    """`snippet` (its `OUT`: the folder) run by a Python in a mount namespace of its own, where the
-    folder is a small tmpfs that `mount` (shell commands, `$OUT` the folder) sets up."""
-    import subprocess
-    import sys
-
-    from support.processes import ROOT, can_mount_tmpfs, child_env
-
-    out = tmp_path / "out"
-    out.mkdir()
-    if not can_mount_tmpfs(out):
-        pytest.skip("this kernel does not let an unprivileged user mount a tmpfs (no user namespaces)")
-    script = f'{mount} && {sys.executable} -c "$SNIPPET"'
-    result = subprocess.run(["unshare", "--user", "--map-root-user", "--mount", "bash", "-c", script], cwd=ROOT,
-                            env=child_env(SNIPPET=f"OUT = {str(out)!r}\n{snippet}", OUT=str(out)),
-                            capture_output=True, text=True, timeout=120)
-    assert result.returncode == 0, result.stderr[-3000:]
-    return result
 
 
 @pytest.mark.processes
