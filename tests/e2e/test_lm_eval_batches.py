@@ -12,6 +12,7 @@ import sys
 import pytest
 from support.processes import ROOT, child_env
 from support.tiny_exports import write_tiny_export
+from support.tools import load_tool
 
 TASKS = "tests/unit/evaluation/fixtures/lm_eval"  # 4 LAMBADA-shaped lines and 3 two-choice questions
 OFFLINE = {"HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1"}
@@ -24,24 +25,42 @@ def export(tmp_path_factory):
                              scales=(0.5, 3.0, 3.0))
 
 
-def lm_eval_cli(export, out, batch_size: int, *model_args: str, command: str = "implicit_megatron.lm_eval") -> dict:
-    """{(task, doc, choice): log-likelihood} from the lm_eval command line's logged samples (lm-eval's
-    own `lm_eval`, which cannot import the package, loads the folder's modeling file)."""
-    args = ",".join([f"pretrained={export}", *(("trust_remote_code=True",) if command == "lm_eval" else ()),
-                     *model_args])
-    result = subprocess.run([sys.executable, "-m", command, "--model", "hf", "--model_args", args, "--tasks",
+def scores_of(samples) -> dict:
+    """{(task text, doc, choice): log-likelihood} of lm-eval's samples (logged or returned)."""
+    scores = {}
+    for sample in samples:
+        for choice, response in enumerate(sample["resps"]):
+            scores[(sample["doc"].get("text", ""), sample["doc_id"], choice)] = float(response[0][0])
+    assert len(scores) == 10
+    return scores
+
+
+def lm_eval_cli(export, out, batch_size: int) -> dict:
+    """The scores of lm-eval's own `lm_eval` command line, from its logged samples: it cannot import
+    the package, so it loads the folder's modeling file (trust_remote_code)."""
+    result = subprocess.run([sys.executable, "-m", "lm_eval", "--model", "hf", "--model_args",
+                             f"pretrained={export},trust_remote_code=True", "--tasks",
                              "tiny_lambada,tiny_piqa", "--include_path", TASKS, "--batch_size", str(batch_size),
                              "--device", "cpu", "--log_samples", "--output_path", str(out)],
                             cwd=ROOT, capture_output=True, text=True, timeout=300, env=child_env(**OFFLINE))
     assert result.returncode == 0, result.stderr[-3000:]
-    scores = {}
-    for path in out.rglob("samples_*.jsonl"):
-        for line in path.read_text().splitlines():
-            sample = json.loads(line)
-            for choice, response in enumerate(sample["resps"]):
-                scores[(sample["doc"].get("text", ""), sample["doc_id"], choice)] = float(response[0][0])
-    assert len(scores) == 10
-    return scores
+    logged = (line for path in out.rglob("samples_*.jsonl") for line in path.read_text().splitlines())
+    return scores_of(json.loads(line) for line in logged)
+
+
+def lm_eval_api(export, batch_size: int, *model_args: str) -> dict:
+    """The same scores through lm-eval's evaluator in this process (the package imported: its Auto
+    classes load the folder, none of the folder's code runs), with this test's tasks only."""
+    from lm_eval import simple_evaluate
+    from lm_eval.tasks import TaskManager
+
+    import implicit_megatron  # noqa: F401 - registers the exported model with transformers' Auto classes
+
+    out = simple_evaluate(model="hf", model_args=",".join([f"pretrained={export}", *model_args]),
+                          tasks=["tiny_lambada", "tiny_piqa"], batch_size=batch_size, device="cpu", log_samples=True,
+                          task_manager=TaskManager(include_path=TASKS, include_defaults=False),
+                          random_seed=None, numpy_random_seed=None, torch_random_seed=None)  # the suite's own seeds
+    return scores_of(sample for samples in out["samples"].values() for sample in samples)
 
 
 def largest_gap(a: dict, b: dict) -> float:
@@ -52,22 +71,27 @@ def largest_gap(a: dict, b: dict) -> float:
 def test_the_lm_eval_command_line_scores_each_request_as_alone(export, tmp_path):
     """Ours at batch 1, lm-eval's own command line (the folder's modeling file) at batch 4: the same
     scores; the batch-wide stop rule at batch 4 moves them."""
-    one = lm_eval_cli(export, tmp_path / "one", 1)
-    assert largest_gap(one, lm_eval_cli(export, tmp_path / "plain", 4, command="lm_eval")) < 1e-5
-    assert largest_gap(one, lm_eval_cli(export, tmp_path / "batch-rule", 4, "eval_stop=batch")) > 1e-4
+    one = lm_eval_api(export, 1)
+    assert largest_gap(one, lm_eval_cli(export, tmp_path / "plain", 4)) < 1e-5
+    assert largest_gap(one, lm_eval_api(export, 4, "eval_stop=batch")) > 1e-4
 
 
-def evaluate(export, out, batch_size: int, *options: str) -> dict:
-    result = subprocess.run([sys.executable, "tools/evaluate.py", str(export), "--tasks", "lm_eval",
-                             "--lm-eval-tasks", "tiny_lambada", "--lm-eval-include", TASKS, "--batch-size",
-                             str(batch_size), "--output", str(out), *options],
-                            cwd=ROOT, capture_output=True, text=True, timeout=300, env=child_env(**OFFLINE))
-    assert result.returncode == 0, result.stderr[-3000:]
+def evaluate(export, out, batch_size: int, *options: str, command: bool = False) -> dict:
+    """tools/evaluate.py's lm-eval scores: as a command, or its main() in this process."""
+    argv = [str(export), "--tasks", "lm_eval", "--lm-eval-tasks", "tiny_lambada", "--lm-eval-include", TASKS,
+            "--batch-size", str(batch_size), "--output", str(out), *options]
+    if command:
+        result = subprocess.run([sys.executable, "tools/evaluate.py", *argv], cwd=ROOT, capture_output=True, text=True,
+                                timeout=300, env=child_env(**OFFLINE))
+        assert result.returncode == 0, result.stderr[-3000:]
+    else:
+        assert load_tool("evaluate").main(argv) == 0
     return json.loads((out / "results.json").read_text())["lm_eval"]["tasks"]["tiny_lambada"]
 
 
 def test_tools_evaluate_scores_do_not_move_with_the_batch_size(export, tmp_path):
-    one, four = (evaluate(export, tmp_path / f"b{n}", n)["perplexity"] for n in (1, 4))
+    one = evaluate(export, tmp_path / "b1", 1)["perplexity"]
+    four = evaluate(export, tmp_path / "b4", 4, command=True)["perplexity"]
     assert abs(one - four) / one < 1e-5
     named = evaluate(export, tmp_path / "batch-rule", 4, "--eval-stop", "batch")["perplexity"]
     assert abs(one - named) / one > 1e-5
