@@ -13,7 +13,6 @@ from __future__ import annotations
 import contextlib
 import os
 import random
-import resource
 import shutil
 from collections.abc import Callable
 from pathlib import Path
@@ -55,6 +54,7 @@ from implicit_megatron.train.handoff import (
     resume_tag,
     shape_error,
 )
+from implicit_megatron.utils.safe_write import OUT_OF_ROOM, room_cause_of
 
 
 class CheckpointSaveError(RunStopped):
@@ -82,19 +82,14 @@ def refuse_nonfinite_weights(module: torch.nn.Module, folder: Path, tag: str) ->
 
 
 def _why_save_failed(err: Exception, partial: Path) -> str:
-    """One line: the cause (errno's words, or a full disk or a file-size limit that torch reports
-    without one) and the file this rank was writing (`filename`, as `_written_to` records it)."""
+    """One line: the cause (the OS's words, or a full disk or a file-size limit that torch reports
+    without them: safe_write.room_cause_of) and the file this rank was writing (`filename`, as
+    `_written_to` records it)."""
     where = getattr(err, "filename", None) or partial
-    free = shutil.disk_usage(partial.parent).free if partial.parent.is_dir() else None
-    limit = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
-    if isinstance(err, OSError) and err.errno is not None:
+    if isinstance(err, OSError) and err.errno is not None and err.errno not in OUT_OF_ROOM:
         cause = err.strerror
-    elif free is not None and free < (1 << 20):
-        cause = f"no space left on device ({free} bytes free)"
-    elif limit != resource.RLIM_INFINITY and Path(where).is_file() and Path(where).stat().st_size >= limit:
-        cause = f"the file size limit of this process was reached (ulimit -f: {limit} bytes)"
     else:
-        cause = str(err).strip().splitlines()[0]
+        cause = room_cause_of(err, partial.parent, where) or str(err).strip().splitlines()[0]
     return f"{cause} (writing {where})"
 
 
