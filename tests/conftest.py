@@ -163,6 +163,26 @@ def shakespeare_shards(tmp_path_factory) -> str:
     return str(built_once(tmp_path_factory, "shards", preprocess) / "bpe1000")
 
 
+@pytest.fixture
+def one_rank(monkeypatch):
+    """A world of one process in the test's own process, set up as a launcher would (RANK, LOCAL_RANK,
+    WORLD_SIZE, a free port). Afterwards the process group is torn down and DeepSpeed forgets the copy
+    of it it keeps (groups._WORLD_GROUP): a later engine in this worker would broadcast over the
+    destroyed group ("Group ... is not registered")."""
+    import torch.distributed as dist
+
+    from implicit_megatron.utils.ports import free_port
+
+    for key, value in {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "RANK": "0", "LOCAL_RANK": "0",
+                       "WORLD_SIZE": "1"}.items():
+        monkeypatch.setenv(key, value)
+    yield
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    if "deepspeed.utils.groups" in sys.modules:
+        sys.modules["deepspeed.utils.groups"]._WORLD_GROUP = None
+
+
 @pytest.fixture(scope="session")
 def tiny_run(shakespeare_shards, tmp_path_factory):
     """A tiny trained implicit Mamba2 as an export and as a run folder (support.tiny_model), trained

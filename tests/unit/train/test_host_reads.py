@@ -7,10 +7,8 @@ from __future__ import annotations
 
 import json
 
-import pytest
 import torch
-import torch.distributed as dist
-from support.processes import ROOT, free_port
+from support.processes import ROOT
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from implicit_megatron import load_config
@@ -28,16 +26,6 @@ class Items(TorchDispatchMode):
         if func is torch.ops.aten._local_scalar_dense.default and not self.paused:
             self.count += 1
         return func(*args, **(kwargs or {}))
-
-
-@pytest.fixture
-def one_rank(monkeypatch):
-    for key, value in {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "RANK": "0", "LOCAL_RANK": "0",
-                       "WORLD_SIZE": "1"}.items():
-        monkeypatch.setenv(key, value)
-    yield
-    if dist.is_initialized():
-        dist.destroy_process_group()
 
 
 def counted(calls: dict, name: str, fn):

@@ -6,8 +6,7 @@ of the refusal's exit 2. In-process, on a one-rank gloo group."""
 from __future__ import annotations
 
 import pytest
-import torch.distributed as dist
-from support.processes import ROOT, free_port
+from support.processes import ROOT
 
 from implicit_megatron import load_config
 from implicit_megatron.errors import RunRefused
@@ -23,15 +22,9 @@ class Recorded(StallWatch):
         Recorded.made.append(self)
 
 
-@pytest.fixture
-def one_rank(monkeypatch):
-    for key, value in {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "RANK": "0", "LOCAL_RANK": "0",
-                       "WORLD_SIZE": "1"}.items():
-        monkeypatch.setenv(key, value)
+@pytest.fixture(autouse=True)
+def recorded(monkeypatch):
     monkeypatch.setattr(loop, "StallWatch", Recorded)
-    yield
-    if dist.is_initialized():
-        dist.destroy_process_group()
 
 
 def config(shards: str, out, *extra: str):
