@@ -9,6 +9,7 @@ distributed, tests/e2e and tests/integration are marked as a whole).
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing.process
 import os
 import shutil
@@ -33,6 +34,16 @@ PROCESS_FIXTURES = {"shakespeare_shards", "zero1_run"}
 def pytest_addoption(parser):
     parser.addoption("--quick", action="store_true",
                      help="only the tests that start no other process and are not slow (the edit loop's tier)")
+
+
+def pytest_configure(config):
+    """matplotlib lists the machine's fonts once per machine, by running `fc-list` where fontconfig
+    is installed (the multi-node tier's packages bring it): do it here, before any test, or the
+    first unmarked test that draws a plot would be refused for starting that process. Once, in the
+    controller, before pytest-xdist starts its workers."""
+    if not hasattr(config, "workerinput"):
+        with contextlib.suppress(ImportError):
+            import matplotlib.font_manager  # noqa: F401 - builds or reads the font list cache
 
 
 def pytest_collection_modifyitems(config, items):
