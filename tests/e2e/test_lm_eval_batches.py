@@ -59,7 +59,8 @@ def lm_eval_api(export, batch_size: int, *model_args: str) -> dict:
     out = simple_evaluate(model="hf", model_args=",".join([f"pretrained={export}", *model_args]),
                           tasks=["tiny_lambada", "tiny_piqa"], batch_size=batch_size, device="cpu", log_samples=True,
                           task_manager=TaskManager(include_path=TASKS, include_defaults=False),
-                          random_seed=None, numpy_random_seed=None, torch_random_seed=None)  # the suite's own seeds
+                          random_seed=None, numpy_random_seed=None, torch_random_seed=None,  # the suite's own seeds
+                          bootstrap_iters=0)  # no stderr: its bootstrap forks a pool from this threaded process
     return scores_of(sample for samples in out["samples"].values() for sample in samples)
 
 
