@@ -10,6 +10,8 @@ export MLFLOW_DISABLE_TELEMETRY=true HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKE
 # Compiled modules are cached (__pycache__, ignored by git): every process the suite starts reads
 # them instead of compiling the package again, even where the environment asks for no caches.
 unset PYTHONDONTWRITEBYTECODE
-# Two workers (pytest-xdist): the machine's 2 cores stay busy while a launch's processes start.
-# `-n 0` runs the tests one at a time, `-n 8` on a bigger machine (each worker may start 2 training processes).
-exec .venv/bin/python -m pytest -q --durations=15 -n 2 --dist worksteal "$@"
+# Three workers (pytest-xdist) on 2 cores: many tests wait (on a stop, a timeout, a daemon, a node),
+# and with two workers the cores were idle a third of the time. Tests start longest first
+# (tests/conftest.py). `-n 0` runs them one at a time, `-n 8` on a bigger machine (each worker may
+# start 2 training processes).
+exec .venv/bin/python -m pytest -q --durations=30 -n 3 --dist worksteal "$@"

@@ -57,7 +57,26 @@ def pytest_collection_modifyitems(config, items):
         (dropped if quick and left_out else kept).append(item)
     if dropped:
         config.hook.pytest_deselected(items=dropped)
-        items[:] = kept
+    items[:] = longest_first(kept)
+
+
+def longest_first(items: list) -> list:
+    """The order the tests start in, a module at a time (its fixtures set up once): the multi-node tier
+    (minutes of waiting on daemons and nodes), then modules with a slow or multi-process test, then
+    those that start any process, then the many short in-process ones. Under pytest-xdist no worker
+    starts a minute-long launch while the others run dry at the end, and the short tests fill the gaps."""
+    def weight(item) -> int:
+        folder = Path(item.path).relative_to(Path(__file__).parent).parts[0]
+        if folder == "multinode":
+            return 0
+        if folder == "distributed" or item.get_closest_marker("slow") or item.get_closest_marker("distributed"):
+            return 1
+        return 2 if item.get_closest_marker("processes") else 3
+    modules: dict = {}
+    for item in items:
+        modules.setdefault(item.path, []).append(item)
+    ranked = sorted(modules.values(), key=lambda module: min(weight(item) for item in module))  # stable
+    return [item for module in ranked for item in module]
 
 
 class UnmarkedProcess(RuntimeError):
