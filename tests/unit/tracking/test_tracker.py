@@ -150,16 +150,19 @@ def test_a_launch_from_step_0_draws_none_of_a_dead_launchs_points(tmp_path):
 
 @pytest.mark.processes
 def test_weights_and_biases_offline_writes_a_run_that_a_resume_continues(tmp_path):
-    pytest.importorskip("wandb")
+    wandb = pytest.importorskip("wandb")
     cfg = load_config(ROOT / "configs/tiny/mamba2-implicit.yaml",
                       [f"train.output_dir={tmp_path}", "tracking.enabled=false", "tracking.wandb.project=tests",
                        "tracking.wandb.mode=offline"], check_files=False)
-    for start, steps in ((0, (1, 2)), (2, (3,))):
-        tracker = Tracker(cfg, active=True)
-        tracker.begin(start, resumed=start > 0)
-        for step in steps:
-            tracker.log({"train/loss": float(step)}, step)
-        tracker.finish()
+    try:
+        for start, steps in ((0, (1, 2)), (2, (3,))):
+            tracker = Tracker(cfg, active=True)
+            tracker.begin(start, resumed=start > 0)
+            for step in steps:
+                tracker.log({"train/loss": float(step)}, step)
+            tracker.finish()
+    finally:  # W&B's service process and its threads outlive the run: a later fork in this worker could hang
+        wandb.teardown()
     run_id = (tmp_path / "wandb_run_id").read_text().strip()
     runs = sorted((tmp_path / "wandb").glob(f"offline-run-*-{run_id}"))
     assert len(runs) == 2 and all((r / f"run-{run_id}.wandb").is_file() for r in runs)  # one run, resumed
