@@ -57,26 +57,51 @@ def pytest_collection_modifyitems(config, items):
         (dropped if quick and left_out else kept).append(item)
     if dropped:
         config.hook.pytest_deselected(items=dropped)
-    items[:] = longest_first(kept)
+    workers = getattr(config, "workerinput", {}).get("workercount", 1)
+    items[:] = start_order(kept, workers)
 
 
-def longest_first(items: list) -> list:
-    """The order the tests start in, a module at a time (its fixtures set up once): the multi-node tier
-    (minutes of waiting on daemons and nodes), then modules with a slow or multi-process test, then
-    those that start any process, then the many short in-process ones. Under pytest-xdist no worker
-    starts a minute-long launch while the others run dry at the end, and the short tests fill the gaps."""
-    def weight(item) -> int:
-        folder = Path(item.path).relative_to(Path(__file__).parent).parts[0]
-        if folder == "multinode":
-            return 0
-        if folder == "distributed" or item.get_closest_marker("slow") or item.get_closest_marker("distributed"):
-            return 1
-        return 2 if item.get_closest_marker("processes") else 3
+def _weight(item) -> float:
+    """A rough cost of a test: a multi-node test (minutes of waiting on daemons and nodes), a slow or
+    multi-process one, one that starts a process, one in-process."""
+    folder = Path(item.path).relative_to(Path(__file__).parent).parts[0]
+    if folder == "multinode":
+        return 4.0
+    if folder == "distributed" or item.get_closest_marker("slow") or item.get_closest_marker("distributed"):
+        return 3.0
+    return 1.0 if item.get_closest_marker("processes") else 0.05
+
+
+def start_order(items: list, workers: int) -> list:
+    """The order the tests start in, longest first, a module at a time (its fixtures set up once).
+    Under pytest-xdist (worksteal) each worker is first handed an equal, contiguous share of the list:
+    the long modules are dealt among the shares (each to the one with the least so far) and every
+    share ends with the short in-process tests, so that no worker starts a minute-long launch while
+    the others have run dry, and the short tests fill the ends."""
     modules: dict = {}
     for item in items:
         modules.setdefault(item.path, []).append(item)
-    ranked = sorted(modules.values(), key=lambda module: min(weight(item) for item in module))  # stable
-    return [item for module in ranked for item in module]
+    cost = {path: max(_weight(item) for item in module) for path, module in modules.items()}
+    ranked = sorted(modules, key=lambda path: -cost[path])  # stable: the collection's order among equals
+    if workers < 2:
+        return [item for path in ranked for item in modules[path]]
+    long = [path for path in ranked if cost[path] >= 1.0]
+    short = [item for path in ranked if cost[path] < 1.0 for item in modules[path]]
+    shares: list[list] = [[] for _ in range(workers)]
+    loads = [0.0] * workers
+    for path in long:
+        share = loads.index(min(loads))
+        shares[share].extend(modules[path])
+        loads[share] += sum(_weight(item) for item in modules[path])
+    left = len(items)
+    for index, share in enumerate(shares):  # the sizes worksteal hands out: what is left // workers left
+        size = left // (workers - index)
+        take = max(0, size - len(share))
+        share.extend(short[:take])
+        del short[:take]
+        left -= size
+    shares[-1].extend(short)
+    return [item for share in shares for item in share]
 
 
 class UnmarkedProcess(RuntimeError):
