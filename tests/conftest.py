@@ -49,8 +49,7 @@ def pytest_configure(config):
 def pytest_collection_modifyitems(config, items):
     quick, kept, dropped = config.getoption("--quick"), [], []
     for item in items:
-        folder = Path(item.path).relative_to(Path(__file__).parent).parts[0]
-        if folder in STARTS_PROCESSES or item.get_closest_marker("distributed") or \
+        if _folder(item) in STARTS_PROCESSES or item.get_closest_marker("distributed") or \
                 PROCESS_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.processes)
         left_out = item.get_closest_marker("processes") or item.get_closest_marker("slow")
@@ -61,13 +60,17 @@ def pytest_collection_modifyitems(config, items):
     items[:] = start_order(kept, workers)
 
 
+def _folder(item) -> str:
+    """The folder of tests/ that holds the test (unit, distributed, e2e, ...)."""
+    return Path(item.path).relative_to(Path(__file__).parent).parts[0]
+
+
 def _weight(item) -> float:
     """A rough cost of a test: a multi-node test (minutes of waiting on daemons and nodes), a slow or
     multi-process one, one that starts a process, one in-process."""
-    folder = Path(item.path).relative_to(Path(__file__).parent).parts[0]
-    if folder == "multinode":
+    if _folder(item) == "multinode":
         return 4.0
-    if folder == "distributed" or item.get_closest_marker("slow") or item.get_closest_marker("distributed"):
+    if _folder(item) == "distributed" or item.get_closest_marker("slow") or item.get_closest_marker("distributed"):
         return 3.0
     return 1.0 if item.get_closest_marker("processes") else 0.05
 
@@ -81,18 +84,17 @@ def start_order(items: list, workers: int) -> list:
     modules: dict = {}
     for item in items:
         modules.setdefault(item.path, []).append(item)
-    cost = {path: max(_weight(item) for item in module) for path, module in modules.items()}
-    ranked = sorted(modules, key=lambda path: -cost[path])  # stable: the collection's order among equals
+    weights = {path: [_weight(item) for item in module] for path, module in modules.items()}
+    ranked = sorted(modules, key=lambda path: -max(weights[path]))  # stable: the collection's order among equals
     if workers < 2:
         return [item for path in ranked for item in modules[path]]
-    long = [path for path in ranked if cost[path] >= 1.0]
-    short = [item for path in ranked if cost[path] < 1.0 for item in modules[path]]
+    short = [item for path in ranked if max(weights[path]) < 1.0 for item in modules[path]]
     shares: list[list] = [[] for _ in range(workers)]
     loads = [0.0] * workers
-    for path in long:
+    for path in (path for path in ranked if max(weights[path]) >= 1.0):
         share = loads.index(min(loads))
         shares[share].extend(modules[path])
-        loads[share] += sum(_weight(item) for item in modules[path])
+        loads[share] += sum(weights[path])
     left = len(items)
     for index, share in enumerate(shares):  # the sizes worksteal hands out: what is left // workers left
         size = left // (workers - index)
