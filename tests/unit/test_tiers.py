@@ -3,6 +3,7 @@ test that starts a process without saying so fails by name, so the quick tier st
 
 from __future__ import annotations
 
+import importlib.util
 from pathlib import Path
 
 import pytest
@@ -55,29 +56,29 @@ def test_quick_leaves_out_processes_and_slow_tests(suite):
     result.assert_outcomes(passed=1, deselected=4)
 
 
-class _Workers:
-    """As pytest-xdist tells each of its workers how many there are."""
+class _Item:
+    """What conftest.start_order reads of a collected test: its file and its marks."""
 
-    def __init__(self, count: int) -> None:
-        self.count = count
+    def __init__(self, name: str, *marks: str) -> None:
+        self.path, self.name, self.marks = CONFTEST.parent / "unit" / name.split(":")[0], name, marks
 
-    def pytest_configure(self, config):
-        config.workerinput = {"workercount": self.count}
+    def get_closest_marker(self, mark: str):
+        return mark if mark in self.marks else None
 
 
-def test_long_modules_start_first_and_are_dealt_among_the_workers_shares(pytester):
+def test_long_modules_start_first_and_are_dealt_among_the_workers_shares():
     """conftest.start_order: worksteal hands each worker an equal contiguous share (here 6 and 7 of 13
     tests); each share starts with a long module, whole, and ends with short in-process tests."""
-    pytester.makeconftest(CONFTEST.read_text())
-    pytester.makepyfile(test_a="\n".join(f"def test_{i}(): pass" for i in range(10)),
-                        test_b="import pytest\n@pytest.mark.slow\ndef test_slow(): pass\ndef test_plain(): pass",
-                        test_c="import pytest\n@pytest.mark.processes\ndef test_launch(): pass")
+    spec = importlib.util.spec_from_file_location("suite_conftest", CONFTEST)
+    conftest = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(conftest)
+    a = [_Item(f"test_a.py:{i}") for i in range(10)]
+    b = [_Item("test_b.py:slow", "slow"), _Item("test_b.py:plain")]
+    c = [_Item("test_c.py:launch", "processes")]
 
     def order(workers: int) -> list[str]:
-        result = pytester.runpytest_inprocess("--collect-only", "-q", "-p", "no:cacheprovider", "-p", "no:randomly",
-                                              plugins=[_Workers(workers)])
-        return [line.replace(".py::", ":") for line in result.stdout.lines if "::" in line]
+        return [item.name for item in conftest.start_order([*a, *b, *c], workers)]
 
-    a = [f"test_a:test_{i}" for i in range(10)]
-    assert order(1) == ["test_b:test_slow", "test_b:test_plain", "test_c:test_launch", *a]
-    assert order(2) == ["test_b:test_slow", "test_b:test_plain", *a[:4], "test_c:test_launch", *a[4:]]
+    names = [item.name for item in a]
+    assert order(1) == ["test_b.py:slow", "test_b.py:plain", "test_c.py:launch", *names]
+    assert order(2) == ["test_b.py:slow", "test_b.py:plain", *names[:4], "test_c.py:launch", *names[4:]]
