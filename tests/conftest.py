@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from support.processes import run_torchrun
+from support.processes import child_env, free_port, run_torchrun
 from support.reference_runs import TINY, zero1_overrides
 from support.shared import built_once
 
@@ -28,7 +28,7 @@ pytest_plugins = ["pytester"]  # tests/unit/test_tiers.py runs the tiers on a su
 # folders of tests/ whose every test starts processes
 STARTS_PROCESSES = ("distributed", "e2e", "integration", "multinode")
 # fixtures that start processes: a test using one (even through another) is marked
-PROCESS_FIXTURES = {"shakespeare_shards", "zero1_run"}
+PROCESS_FIXTURES = {"shakespeare_shards", "zero1_run", "llama_run"}
 
 
 def pytest_addoption(parser):
@@ -263,3 +263,23 @@ def zero1_run(shakespeare_shards, tmp_path_factory) -> Path:
             result.stdout[-3000:]
 
     return built_once(tmp_path_factory, "zero1-run", train)
+
+
+@pytest.fixture(scope="session")
+def llama_run(shakespeare_shards, tmp_path_factory) -> Path:
+    """The tiny implicit Llama with weight norm, 6 steps on 2 processes under ZeRO-0, launched as a
+    user launches it (launch/pretrain.sh, NPROC=2), validated at the end; its output beside the run
+    folder in `pretrain.log`. Read by the launcher's test and the export's; copy it to change it."""
+
+    def train(folder: Path) -> None:
+        run = folder / "run"
+        result = subprocess.run(["bash", "launch/pretrain.sh", "configs/tiny/llama-implicit.yaml",
+                                 f"data.prefixes=[{shakespeare_shards}]", "data.source=null", f"train.output_dir={run}",
+                                 "train.steps=6", "train.eval_interval=6", "tracking.enabled=false",
+                                 "implicit.weight_norm=true", "distributed.zero_stage=0"], cwd=ROOT,
+                                env=child_env(PYTHON=sys.executable, NPROC="2", MASTER_PORT=str(free_port())),
+                                capture_output=True, text=True, timeout=300)
+        (folder / "pretrain.log").write_text(result.stdout + result.stderr)
+        assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+
+    return built_once(tmp_path_factory, "llama-run", train) / "run"

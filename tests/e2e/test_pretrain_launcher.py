@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -131,26 +132,25 @@ def test_batch_not_divisible_by_world_size_is_refused(tmp_path):
 
 
 @pytest.mark.distributed
-def test_two_cpu_processes_train(shakespeare_shards, tmp_path):
-    result = pretrain("configs/tiny/llama-implicit.yaml", f"data.prefixes=[{shakespeare_shards}]", "data.source=null",
-                      f"train.output_dir={tmp_path}", "train.steps=6", "train.eval_interval=6",
-                      "tracking.enabled=false", nproc=2)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    assert "done at step 6: validation perplexity" in result.stdout
-    rows = [json.loads(line) for line in (Path(tmp_path) / "metrics.jsonl").read_text().splitlines()]
+def test_two_cpu_processes_train(llama_run, shakespeare_shards, tmp_path):
+    """The shared run (conftest.llama_run: pretrain.sh, NPROC=2) learned and said so; then a launch
+    on a copy of it that the ranks refuse."""
+    assert "done at step 6: validation perplexity" in (llama_run.parent / "pretrain.log").read_text()
+    rows = [json.loads(line) for line in (llama_run / "metrics.jsonl").read_text().splitlines()]
     trained = [r["train/loss"] for r in rows if "train/loss" in r]
     # Six steps from ln(1000) = 6.91 (guessing, the tiny configs' vocabulary): training 6.83 -> 6.58, validation 6.51
     assert trained[-1] < trained[0] - 0.2 and rows[-1]["val/loss"] < math.log(1000) - 0.3, (trained, rows[-1])
     assert rows[-1]["val/ppl"] == pytest.approx(math.exp(rows[-1]["val/loss"]), rel=1e-6)
     # a refusal found by the ranks (a changed data order): one line from rank 0, exit 2, no traceback
+    run = Path(shutil.copytree(llama_run, tmp_path / "run"))
     refused = pretrain("configs/tiny/llama-implicit.yaml", f"data.prefixes=[{shakespeare_shards}]", "data.source=null",
-                       f"train.output_dir={tmp_path}", "train.steps=6", "train.eval_interval=6",
-                       "tracking.enabled=false", "data.seq_len=32", nproc=2)
+                       f"train.output_dir={run}", "train.steps=6", "train.eval_interval=6",
+                       "tracking.enabled=false", "implicit.weight_norm=true", "data.seq_len=32", nproc=2)
     assert refused.returncode == 2, refused.stdout[-3000:] + refused.stderr[-3000:]
     errors = [line for line in (refused.stdout + refused.stderr).splitlines() if "error" in line.lower()]
     assert len(errors) == 1 and errors[0].startswith("error: ") and "changed data order (seq_len" in errors[0]
     assert "Traceback" not in refused.stderr + refused.stdout and "ChildFailedError" not in refused.stderr
-    assert not (tmp_path / "run.lock").exists()
+    assert not (run / "run.lock").exists()
 
 
 def start(out: Path, shards: str, *extra: str, steps: int = 300, env: dict | None = None) -> subprocess.Popen:
