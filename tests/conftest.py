@@ -28,7 +28,7 @@ pytest_plugins = ["pytester"]  # tests/unit/test_tiers.py runs the tiers on a su
 # folders of tests/ whose every test starts processes
 STARTS_PROCESSES = ("distributed", "e2e", "integration", "multinode")
 # fixtures that start processes: a test using one (even through another) is marked
-PROCESS_FIXTURES = {"shakespeare_shards", "zero1_run", "llama_run"}
+PROCESS_FIXTURES = {"shakespeare_shards", "zero1_run", "llama_run", "zero3_run"}
 
 
 def pytest_addoption(parser):
@@ -283,3 +283,19 @@ def llama_run(shakespeare_shards, tmp_path_factory) -> Path:
         assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
 
     return built_once(tmp_path_factory, "llama-run", train) / "run"
+
+
+@pytest.fixture(scope="session")
+def zero3_run(shakespeare_shards, tmp_path_factory) -> Path:
+    """The tiny implicit Mamba2 with weight norm, 30 steps on 2 processes under ZeRO-3 (parameters,
+    gradients and optimizer state partitioned), validated at the end: the run that shows ZeRO-3
+    learns, and whose shards the export consolidates. Read only."""
+
+    def train(folder: Path) -> None:
+        result = run_torchrun("-m", "implicit_megatron.train", TINY, f"data.prefixes=[{shakespeare_shards}]",
+                              "data.source=null", f"train.output_dir={folder}", "train.steps=30",
+                              "train.eval_interval=30", "train.log_interval=1", "tracking.enabled=false",
+                              "implicit.weight_norm=true", "distributed.zero_stage=3")
+        assert result.returncode == 0, result.stdout[-3000:]
+
+    return built_once(tmp_path_factory, "zero3-run", train)

@@ -9,7 +9,7 @@ import sys
 import pytest
 import torch
 from safetensors.torch import load_file
-from support.processes import ROOT, run_torchrun
+from support.processes import ROOT
 from transformers import AutoModelForCausalLM, AutoTokenizer
 from transformers.utils import logging as transformers_logging
 
@@ -19,14 +19,6 @@ from implicit_megatron.builder import remove_weight_norm
 from implicit_megatron.hf.export import read_checkpoint
 
 
-def train(shakespeare_shards: str, run, stage: int) -> None:
-    args = [f"data.prefixes=[{shakespeare_shards}]", "data.source=null", f"train.output_dir={run}", "train.steps=6",
-            "train.eval_interval=6", "tracking.enabled=false", "implicit.weight_norm=true",
-            f"distributed.zero_stage={stage}"]
-    result = run_torchrun("-m", "implicit_megatron.train", "configs/tiny/llama-implicit.yaml", *args)
-    assert result.returncode == 0, result.stdout[-3000:]
-
-
 def convert(*args) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "tools/convert_checkpoint.py", *map(str, args)], cwd=ROOT,
                           capture_output=True, text=True)
@@ -34,12 +26,11 @@ def convert(*args) -> subprocess.CompletedProcess:
 
 @pytest.mark.distributed
 @pytest.mark.parametrize("stage", [0, 3])  # a plain module, and ZeRO shards through zero_to_fp32
-def test_export_gives_the_training_models_logits_in_ours_and_in_transformers(stage, llama_run, shakespeare_shards,
+def test_export_gives_the_training_models_logits_in_ours_and_in_transformers(stage, llama_run, zero3_run,
                                                                            tmp_path, caplog):
-    """ZeRO-0 exports the launcher test's run (conftest.llama_run: these settings), read only."""
-    run, out = llama_run if stage == 0 else tmp_path / "run", tmp_path / "export"
-    if stage:
-        train(shakespeare_shards, run, stage)
+    """The shared runs with weight norm (tests/conftest.py), read only: the implicit Llama under ZeRO-0,
+    the implicit Mamba2 under ZeRO-3."""
+    run, out = llama_run if stage == 0 else zero3_run, tmp_path / "export"
     converted = convert("export", run / "checkpoints", out)
     assert converted.returncode == 0, converted.stderr[-3000:]
 

@@ -55,35 +55,16 @@ def records(out: Path) -> dict[int, dict]:
 
 
 @pytest.mark.distributed
-@pytest.mark.parametrize("stage", [3])  # ZeRO-0, -1 and -2 learn in the resume and non-finite-step tests
-def test_every_zero_stage_learns(stage, shakespeare_shards, tmp_path):
-    """... and a second run on the same output folder is refused by name while the first finishes."""
-    args = overrides(shakespeare_shards, tmp_path, "train.steps=30", f"distributed.zero_stage={stage}",
-                     "train.eval_interval=30", "tracking.enabled=false")
-    first = subprocess.Popen(torchrun_command("-m", "implicit_megatron.train", TINY, *args), cwd=ROOT,
-                             env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                             start_new_session=True)
-    try:
-        deadline = time.time() + 120
-        while not (tmp_path / "run.lock").is_file():
-            assert first.poll() is None and time.time() < deadline, "the first run never took its folder"
-            time.sleep(0.1)
-        holder = json.loads((tmp_path / "run.lock").read_text())
-        second = subprocess.run([sys.executable, "-m", "implicit_megatron.train", TINY, *args], cwd=ROOT,
-                                env=child_env(), capture_output=True, text=True, timeout=120)
-        assert second.returncode == 2
-        assert f"error: {tmp_path} is in use by another run (host {holder['host']}, process {holder['pid']}" \
-            in second.stderr
-        out, _ = first.communicate(timeout=300)
-    finally:
-        kill_tree(first.pid)
-    assert first.returncode == 0, out[-5000:]
-    assert not (tmp_path / "run.lock").exists()  # released at the end
-    losses = [r["train/loss"] for _, r in sorted(records(tmp_path).items())]
+def test_zero_3_learns(zero3_run):
+    """The shared ZeRO-3 run (conftest.zero3_run); ZeRO-0, -1 and -2 learn in the resume and
+    non-finite-step tests."""
+    run = zero3_run
+    losses = [r["train/loss"] for _, r in sorted(records(run).items())]
     assert len(losses) == 30
     assert sum(losses[-5:]) / 5 < sum(losses[:5]) / 5 - 1.0, losses
-    assert records(tmp_path)[30]["train/consumed_samples"] == 30 * 8
-    assert (tmp_path / "checkpoints" / "latest").read_text().strip() == "free-step30"
+    assert records(run)[30]["train/consumed_samples"] == 30 * 8
+    assert (run / "checkpoints" / "latest").read_text().strip() == "free-step30"
+    assert not (run / "run.lock").exists()  # released at the end
 
 
 def kill_after_checkpoint(args: list[str], out: Path, tag: str, timeout: float = 240) -> None:
@@ -170,6 +151,7 @@ def test_killed_runs_resume_exactly(zero1_run, shakespeare_shards, tmp_path):
 
 @pytest.mark.distributed
 def test_sigterm_saves_a_checkpoint_and_exits_cleanly(shakespeare_shards, tmp_path):
+    """... and while it trains, a second run on its folder is refused by name."""
     args = overrides(shakespeare_shards, tmp_path, "train.steps=200", "checkpoint.interval=1000",
                      "train.eval_interval=1000", "tracking.enabled=false")
     env = child_env(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
@@ -181,12 +163,21 @@ def test_sigterm_saves_a_checkpoint_and_exits_cleanly(shakespeare_shards, tmp_pa
     while not (metrics.is_file() and metrics.read_text().count("\n") >= 2):
         assert proc.poll() is None and time.time() < deadline
         time.sleep(0.05)
+    # meanwhile a second run on the same output folder is refused by name
+    holder = json.loads((tmp_path / "run.lock").read_text())
+    second = subprocess.run([sys.executable, "-m", "implicit_megatron.train", TINY, *args], cwd=ROOT,
+                            env=child_env(), capture_output=True, text=True, timeout=120)
+    assert second.returncode == 2
+    assert f"error: {tmp_path} is in use by another run (host {holder['host']}, process {holder['pid']}" \
+        in second.stderr
+    assert proc.poll() is None, "the first run stopped"
     proc.send_signal(signal.SIGTERM)
     out, _ = proc.communicate(timeout=120)
     assert proc.returncode == 0, out[-3000:]
     last = max(records(tmp_path))
     assert last < 200
     assert (tmp_path / "checkpoints" / "latest").read_text().strip() == f"bounded-step{last}"
+    assert not (tmp_path / "run.lock").exists()  # released at the end
 
 
 @pytest.mark.distributed
