@@ -18,10 +18,12 @@ import torch.distributed as dist
 from implicit_megatron import load_config
 from implicit_megatron.train.loop import Trainer
 from implicit_megatron.train.schedule import learning_rate
+from implicit_megatron.utils.lean_imports import import_deepspeed
 
 
 def record(trainer: Trainer, path: str, how: str | None) -> None:
     """The trainer's state as a launch sees it, gathered from every rank (collectives: all ranks call)."""
+    import_deepspeed()  # imported by the trainer already; here for whoever calls this first
     from deepspeed.utils import safe_get_full_fp32_param, safe_get_full_optimizer_state
 
     weights, moments = {}, {}

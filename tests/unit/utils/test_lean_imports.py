@@ -37,11 +37,13 @@ def test_deepspeed_and_megatron_come_without_mlflow_wandb_or_the_compiler():
 
 
 def test_every_import_of_deepspeed_or_megatron_goes_through_lean_imports():
-    """A plain `import deepspeed` reached first would bring MLflow back into every rank's start-up."""
+    """A plain `import deepspeed` reached first would bring MLflow back into every rank's start-up
+    (and into the tools' and the test workers' processes)."""
     direct = re.compile(r"^\s*(import|from) (deepspeed|megatron)\b", re.MULTILINE)
     through = {"deepspeed": "import_deepspeed()", "megatron": "import_megatron()"}
     missing = []
-    for path in [*ROOT.glob("implicit_megatron/**/*.py"), *ROOT.glob("data_pipeline/**/*.py")]:
+    for path in [*ROOT.glob("implicit_megatron/**/*.py"), *ROOT.glob("data_pipeline/**/*.py"),
+                 *ROOT.glob("tools/**/*.py"), *ROOT.glob("tests/distributed/workers/*.py")]:  # processes of their own
         text = path.read_text()
         for package in {m.group(2) for m in direct.finditer(text)}:
             if through[package] not in text and path.name != "lean_imports.py":
