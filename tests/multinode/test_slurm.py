@@ -44,10 +44,12 @@ def test_a_sigterm_at_start_up_or_mid_run_stops_every_rank_and_the_requeued_job_
     slurm.run("scancel", "--signal=TERM", str(job))
 
     def resumed_and_training() -> bool:
+        if "bounded-step1 (resume, native)" in log.read_text() and max(losses(out), default=0) >= 4:
+            return True
         slurm.skip_requeue_delay(job)
-        return "bounded-step1 (resume, native)" in log.read_text() and max(losses(out), default=0) >= 4
+        return False
 
-    slurm.wait_until(resumed_and_training, "the requeued job's steps", 180)
+    slurm.wait_until(resumed_and_training, "the requeued job's steps", 180, every=1)
     slurm.run("scancel", "--signal=TERM", str(job))
     info = slurm.wait_for(job, ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL"), 300, skip_delay=True)
     text = log.read_text()
@@ -73,7 +75,8 @@ def test_a_lost_node_ends_the_job_naming_its_rank_and_one_node_resumes_to_the_sa
                      180)
     slurm.nodes[1].kill()
     lost_at = time.monotonic()
-    slurm.wait_until(lambda: slurm.state(job)["JobState"] not in ("RUNNING", "CONFIGURING"), "the job's end", 90)
+    slurm.wait_until(lambda: slurm.state(job)["JobState"] not in ("RUNNING", "CONFIGURING"), "the job's end", 90,
+                     every=1)
     ended = time.monotonic() - lost_at
     text = log.read_text()
     # node2's kernel closes its connections as it goes: rank 0's collective fails naming node2's
@@ -86,7 +89,8 @@ def test_a_lost_node_ends_the_job_naming_its_rank_and_one_node_resumes_to_the_sa
     assert losses(out) == {step: loss for step, loss in losses(zero1_run).items() if step <= max(losses(out))}
     assert 6 <= max(losses(out)) < 12
     slurm.run("scancel", str(job))  # requeued after the node failure, it would wait for two nodes for ever
-    slurm.wait_until(lambda: slurm.state(job)["JobState"] in ("CANCELLED", "FAILED", "NODE_FAIL"), "the job's end", 60)
+    slurm.wait_until(lambda: slurm.state(job)["JobState"] in ("CANCELLED", "FAILED", "NODE_FAIL"), "the job's end", 60,
+                     every=1)
 
     again = slurm.sbatch("--nodes=1", "--ntasks-per-node=2", f"--output={tmp_path / 'resumed.out'}",
                          "launch/examples/slurm.sbatch", TINY, *zero1_overrides(shakespeare_shards, out),

@@ -104,7 +104,7 @@ class Slurm(contextlib.AbstractContextManager):
         for node in self.nodes:
             self._daemon(node, self.folder / node.name / "slurmd.pid", "slurmd", "-D")
         self.wait_until(lambda: self.run("sinfo", "-N", "-h", "-o", "%t", check=False).stdout.split().count("idle")
-                   == len(self.nodes), "every node idle in sinfo")
+                        == len(self.nodes), "every node idle in sinfo", every=0.5)
 
     def _daemon(self, node: Node, pid_file: Path, *command: str) -> None:
         log = (self.folder / f"{node.name}-{command[0]}.out").open("w")
@@ -112,12 +112,14 @@ class Slurm(contextlib.AbstractContextManager):
         self.daemons.append((node, pid_file))
 
     @staticmethod
-    def wait_until(condition, what: str, seconds: float = 30) -> None:
+    def wait_until(condition, what: str, seconds: float = 30, every: float = 0.1) -> None:
+        """`every`: a condition that runs a SLURM command asks once a second (each is a process
+        entering a node: ten a second kept most of a core busy while a test waited)."""
         deadline = time.monotonic() + seconds
         while not condition():
             if time.monotonic() > deadline:
                 raise RuntimeError(f"SLURM test cluster: no {what} within {seconds} s")
-            time.sleep(0.1)
+            time.sleep(every)
 
     def run(self, *args: str, check: bool = True, timeout: float = 60, **env: str) -> subprocess.CompletedProcess:
         """A SLURM command on the first node, in the checkout (where users submit from)."""
@@ -144,7 +146,7 @@ class Slurm(contextlib.AbstractContextManager):
             if skip_delay:
                 self.skip_requeue_delay(job, info)
             assert time.monotonic() < deadline, f"job {job} still {info.get('JobState')} after {seconds} s: {info}"
-            time.sleep(0.25)
+            time.sleep(1)  # scontrol is a process: once a second (wait_until)
 
     def skip_requeue_delay(self, job: int, info: dict[str, str] | None = None) -> None:
         """A requeued job waits a while before it is eligible again (slurmctld lets its nodes clean up;
