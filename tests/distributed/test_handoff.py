@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from support.processes import run_torchrun
+from support.processes import run_alone, run_torchrun
 from support.reference_runs import ZERO1_RUN, losses
 
 from implicit_megatron import load_config
@@ -83,7 +83,7 @@ def test_handoff_to_other_world_sizes_and_zero_stages(zero1_run, shakespeare_sha
 
     # And back: the ZeRO-3 checkpoint resumed on 1 process with ZeRO-2 holds what phase 2 saved.
     layout = ["distributed.zero_stage=2", "curriculum.run_phase=free"]
-    probe = run_torchrun(PROBE, tmp_path / "back", TINY, *args(shakespeare_shards, out, *layout), nproc=1)
+    probe = run_alone(PROBE, tmp_path / "back", TINY, *args(shakespeare_shards, out, *layout))
     assert probe.returncode == 0, probe.stdout[-4000:]
     saved, back = (torch.load(tmp_path / f"{name}.pt", weights_only=False) for name in ("phase2-saved", "back-loaded"))
     assert back["how"] == "universal"
@@ -105,9 +105,8 @@ def test_training_starts_from_an_imported_explicit_model(shakespeare_shards, tmp
     LlamaForCausalLM(LlamaConfig(vocab_size=1000, hidden_size=64, intermediate_size=192, num_hidden_layers=2,
                                  num_attention_heads=4, tie_word_embeddings=True)).save_pretrained(tmp_path / "hf")
     import_explicit(tmp_path / "hf", tmp_path / "imported")  # an explicit folder: no injection module in it
-    result = run_torchrun(PROBE, tmp_path / "probe", "configs/tiny/llama-implicit.yaml",
-                          *args(shakespeare_shards, tmp_path / "run", f"checkpoint.load={tmp_path / 'imported'}"),
-                          nproc=1)
+    result = run_alone(PROBE, tmp_path / "probe", "configs/tiny/llama-implicit.yaml",
+                       *args(shakespeare_shards, tmp_path / "run", f"checkpoint.load={tmp_path / 'imported'}"))
     assert result.returncode == 0, result.stdout[-4000:]
     assert ("kept the fresh initialisation of 3 tensors: core.injection.norm.weight, core.injection.proj.weight, "
             "core.injection.proj.bias") in result.stdout

@@ -19,7 +19,7 @@ from support.processes import (
     faults,
     free_port,
     kill_tree,
-    run_in_session,
+    run_alone,
     run_torchrun,
     torchrun_command,
 )
@@ -34,10 +34,8 @@ def overrides(shards: str, out: Path, *extra: str) -> list[str]:
 
 
 def train_alone(config: str, *args: str, **env: str) -> subprocess.CompletedProcess:
-    """One process started directly, a world of one (`python -m implicit_megatron.train`), for what
-    needs no second rank: no launcher to start (torchrun costs 2 s of CPU a launch)."""
-    return run_in_session([sys.executable, "-m", "implicit_megatron.train", config, *args], 300, merge_output=True,
-                          **env)
+    """A world of one (support.processes.run_alone), for what needs no second rank."""
+    return run_alone("-m", "implicit_megatron.train", config, *args, **env)
 
 
 def records_with(out: Path, key: str) -> list[dict]:

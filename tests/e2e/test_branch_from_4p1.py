@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 
 import pytest
-from support.processes import run_torchrun
+from support.processes import run_alone
 
 TINY = "configs/tiny/mamba2-implicit.yaml"
 FOUR_PLUS_ONE = ("curriculum.phases=[{name: bounded, kind: bounded, fraction: 0.8, max_iter: 4, phantom_steps: 1},"
@@ -24,16 +24,15 @@ def test_the_free_phase_branches_from_the_standalone_run(shakespeare_shards, tmp
     common = [f"data.prefixes=[{shakespeare_shards}]", "data.source=null", "train.steps=10", "train.log_interval=1",
               "train.eval_interval=100", "tracking.enabled=false", "checkpoint.interval=100"]
     standalone, branch = tmp_path / "4p1", tmp_path / "curriculum"
-    result = run_torchrun("-m", "implicit_megatron.train", TINY, *common, FOUR_PLUS_ONE,
-                          f"train.output_dir={standalone}", nproc=1)
+    result = run_alone("-m", "implicit_megatron.train", TINY, *common, FOUR_PLUS_ONE, f"train.output_dir={standalone}")
     assert result.returncode == 0, result.stdout[-4000:]
     checkpoints = standalone / "checkpoints"
     assert (checkpoints / "bounded-step8").is_dir()
     assert (checkpoints / "latest").read_text().strip() == "bounded-end-step10"
     assert all(r.get("solver/iterations", 4) == 4 for r in rows(standalone))  # (4+1) throughout
 
-    result = run_torchrun("-m", "implicit_megatron.train", TINY, *common, "curriculum.run_phase=free",
-                          f"checkpoint.load={checkpoints / 'bounded-step8'}", f"train.output_dir={branch}", nproc=1)
+    result = run_alone("-m", "implicit_megatron.train", TINY, *common, "curriculum.run_phase=free",
+                       f"checkpoint.load={checkpoints / 'bounded-step8'}", f"train.output_dir={branch}")
     assert result.returncode == 0, result.stdout[-4000:]
     assert "at step 8 (64 samples)" in result.stdout
     trained = [r for r in rows(branch) if "train/loss" in r]
