@@ -89,8 +89,7 @@ def test_a_lost_node_ends_the_job_naming_its_rank_and_one_node_resumes_to_the_sa
     assert losses(out) == {step: loss for step, loss in losses(zero1_run).items() if step <= max(losses(out))}
     assert 6 <= max(losses(out)) < 12
     slurm.run("scancel", str(job))  # requeued after the node failure, it would wait for two nodes for ever
-    slurm.wait_until(lambda: slurm.state(job)["JobState"] in ("CANCELLED", "FAILED", "NODE_FAIL"), "the job's end", 60,
-                     every=1)
+    slurm.wait_for(job, ("CANCELLED", "FAILED", "NODE_FAIL"), 60)
 
     again = slurm.sbatch("--nodes=1", "--ntasks-per-node=2", f"--output={tmp_path / 'resumed.out'}",
                          "launch/examples/slurm.sbatch", TINY, *zero1_overrides(shakespeare_shards, out),

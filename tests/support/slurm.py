@@ -104,7 +104,7 @@ class Slurm(contextlib.AbstractContextManager):
         for node in self.nodes:
             self._daemon(node, self.folder / node.name / "slurmd.pid", "slurmd", "-D")
         self.wait_until(lambda: self.run("sinfo", "-N", "-h", "-o", "%t", check=False).stdout.split().count("idle")
-                        == len(self.nodes), "every node idle in sinfo", every=0.5)
+                        == len(self.nodes), "every node idle in sinfo", every=1)
 
     def _daemon(self, node: Node, pid_file: Path, *command: str) -> None:
         log = (self.folder / f"{node.name}-{command[0]}.out").open("w")
