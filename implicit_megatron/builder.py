@@ -6,10 +6,12 @@ the other beyond the backbone contract (`backbone(z, inj)`, `backbone.step(z_t, 
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from torch import nn
 
 from implicit_megatron.config import Config
-from implicit_megatron.implicit import ImplicitCore, Injection, SolverSettings
+from implicit_megatron.implicit import ImplicitCore, Injection
 from implicit_megatron.implicit.weight_norm import apply_weight_norm, remove_weight_norm, weight_normed
 from implicit_megatron.models.backbone import Backbone, released_init_
 from implicit_megatron.models.lm import LanguageModel
@@ -24,7 +26,7 @@ def build_model(cfg: Config, device=None, dtype=None) -> LanguageModel:
     settings = injection = None
     weight_normed = cfg.implicit.enabled and cfg.implicit.weight_norm
     if cfg.implicit.enabled:
-        settings = SolverSettings.from_config(cfg.implicit)
+        settings = replace(cfg.implicit)  # implicit.* is the solver's settings; the core's own copy
         if cfg.implicit.injection:
             injection = Injection(cfg.model.d_model, backbone.injection_width, cfg.model.norm_eps,
                                   cfg.model.init_std, device=device, dtype=dtype)

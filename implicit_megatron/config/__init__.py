@@ -26,6 +26,7 @@ from implicit_megatron.config.schema import (
     PhaseConfig,
     PhaseLaunchConfig,
     ScheduleConfig,
+    SolverSettings,
     TaskConfig,
     TrackingConfig,
     TrainConfig,
@@ -36,5 +37,5 @@ from implicit_megatron.config.schema import (
 
 __all__ = ["AndersonSettings", "CatbabiConfig", "CheckpointConfig", "Config", "CurriculumConfig", "DataConfig",
            "DistributedConfig", "ImplicitConfig", "LlamaSettings", "Mamba2Settings", "ModelConfig",
-           "OptimizerConfig", "PhaseConfig", "PhaseLaunchConfig", "ScheduleConfig", "TaskConfig", "TrackingConfig",
-           "TrainConfig", "WandbConfig", "WordProblemConfig", "blame", "phase_bounds", "read_config"]
+           "OptimizerConfig", "PhaseConfig", "PhaseLaunchConfig", "ScheduleConfig", "SolverSettings", "TaskConfig",
+           "TrackingConfig", "TrainConfig", "WandbConfig", "WordProblemConfig", "blame", "phase_bounds", "read_config"]

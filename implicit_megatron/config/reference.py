@@ -46,7 +46,30 @@ shape keys take each size's values from `configs/parts/model/`, Table 6).
 
 
 def field_comments(cls: type) -> dict[str, str]:
-    """The comments that describe each field of a dataclass: the lines above it and the one beside it."""
+    """The comments that describe each field of a dataclass: the lines above it and the one beside it
+    (in the class that declares it: ImplicitConfig's solver keys are SolverSettings')."""
+    found: dict[str, str] = {}
+    for declaring in _declaring_classes(cls):
+        found.update(_own_comments(declaring))
+    return found
+
+
+def _declaring_classes(cls: type) -> list[type]:
+    """The dataclass and the dataclasses it extends, the base first."""
+    return [c for c in reversed(cls.__mro__) if dataclasses.is_dataclass(c)]
+
+
+def _annotations(cls: type) -> dict[str, str]:
+    """Each field's annotation as written, in the class that declares it."""
+    found: dict[str, str] = {}
+    for declaring in _declaring_classes(cls):
+        class_def = typing.cast(ast.ClassDef, ast.parse(inspect.getsource(declaring)).body[0])
+        found.update({n.target.id: ast.unparse(n.annotation) for n in class_def.body
+                      if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name)})
+    return found
+
+
+def _own_comments(cls: type) -> dict[str, str]:
     source = inspect.getsource(cls)
     comments: dict[int, str] = {}
     for token in tokenize.generate_tokens(io.StringIO(source).readline):
@@ -109,9 +132,7 @@ def default_of(f: dataclasses.Field):
 def section_rows(cls: type, prefix: str, paper: list[dict]) -> tuple[list[str], list[tuple[str, type]]]:
     """The table rows of one section, and its sub-sections (key, dataclass) to render after it."""
     comments, hints = field_comments(cls), typing.get_type_hints(cls, include_extras=False)
-    class_def = typing.cast(ast.ClassDef, ast.parse(inspect.getsource(cls)).body[0])
-    annotations = {n.target.id: ast.unparse(n.annotation) for n in class_def.body
-                   if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name)}
+    annotations = _annotations(cls)
     rows: list[str] = []
     subsections: list[tuple[str, type]] = []
     for f in dataclasses.fields(cls):

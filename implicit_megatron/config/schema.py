@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Literal, get_args, get_type_hints
 
 from implicit_megatron.utils.typed_yaml import to_dict
@@ -87,10 +87,12 @@ class AndersonSettings:
 
 
 @dataclass
-class ImplicitConfig:
-    """(s+k): at most `max_iter` passes without gradient, then `phantom_steps` with it."""
+class SolverSettings:
+    """What the fixed-point solve reads, in one place: the implicit.* keys of a config (ImplicitConfig
+    is one) or, in a curriculum, those with the phase's own keys (PHASE_SOLVER_KEYS) put in. The
+    implicit core holds one and a phase replaces its keys; implicit.iteration's stop rules are made
+    from it."""
 
-    enabled: bool = False  # false: the explicit baseline (one pass, no injection)
     max_iter: int = 4  # s: the cap on passes without gradient (a phase of the curriculum sets its own)
     tol: float | None = None  # None: a bounded phase, exactly max_iter passes
     phantom_steps: int = 1  # k: damped passes with gradient after the solve
@@ -98,7 +100,7 @@ class ImplicitConfig:
     eval_factor: int = 4  # evaluation caps the passes at max_iter * eval_factor
     eval_max_iter: int | None = None  # the evaluation cap itself, instead (released: eval_f_max_iter)
     # released: the paper's evaluation (damped passes, one stop test over the whole batch, a last
-    # undamped pass; implicit.solver.released_solve); solver: the training solver's own passes
+    # undamped pass; implicit.solver.solve_rule); solver: the training solver's own passes
     eval_rule: Literal["released", "solver"] = "released"
     # A bounded phase's evaluation stops at eval_tol (as the released (4+1) models are evaluated);
     # null evaluates it at its fixed depth max_iter. Free phases evaluate at their own tol.
@@ -115,12 +117,31 @@ class ImplicitConfig:
     sequential_stop: Literal["row", "batch"] = "row"
     # sequential mode: start token t's solve from token t-1's fixed point instead of zero
     warm_start: bool = False
-    injection: bool = True  # the shared input-injection module
-    weight_norm: bool = False  # weight normalisation of the backbone's Linear and Conv1d layers (released)
-    weight_norm_injection: bool = False  # weight norm on the injection's Linear too (released)
     # unrolled: backprop through max_iter passes; unrolled_damped: F(0), then max_iter - 1 damped passes
     gradient: Literal["phantom", "unrolled", "unrolled_damped"] = "phantom"
     anderson: AndersonSettings = field(default_factory=AndersonSettings)
+
+    def stop_tol(self, training: bool) -> float | None:
+        """The tolerance the solver stops at: the phase's own; a bounded phase's evaluation stops at
+        eval_tol (the released (4+1) models are evaluated at 0.05), or never (fixed depth)."""
+        return self.tol if training or self.tol is not None else self.eval_tol
+
+    def cap(self, training: bool) -> int:
+        """Passes allowed: max_iter in training; an evaluation that stops at a tolerance allows
+        eval_max_iter or eval_factor x max_iter, a fixed-depth evaluation exactly max_iter."""
+        if training or self.stop_tol(False) is None:
+            return self.max_iter
+        return self.eval_max_iter or self.max_iter * self.eval_factor
+
+
+@dataclass
+class ImplicitConfig(SolverSettings):
+    """(s+k): at most `max_iter` passes without gradient, then `phantom_steps` with it."""
+
+    enabled: bool = False  # false: the explicit baseline (one pass, no injection)
+    injection: bool = True  # the shared input-injection module
+    weight_norm: bool = False  # weight normalisation of the backbone's Linear and Conv1d layers (released)
+    weight_norm_injection: bool = False  # weight norm on the injection's Linear too (released)
     # CUDA graphs of the passes (implicit.graphs): auto = where possible, else eager with one log line
     cuda_graphs: Literal["auto", "on", "off"] = "auto"
 
@@ -330,7 +351,9 @@ class Config:
         return data
 
 
-PHASE_SOLVER_KEYS = ("max_iter", "tol", "phantom_steps")  # what every phase of a curriculum sets for itself
+# What every phase of a curriculum sets for itself: its fields that are the solver's (the phase declares them
+# required, where implicit.* has defaults)
+PHASE_SOLVER_KEYS = tuple(f.name for f in fields(PhaseConfig) if f.name in {g.name for g in fields(SolverSettings)})
 
 # Switches that make a launch trust what it loads (a pickle that runs code, a checkpoint of another
 # run): a launch's own decision, so taken from its command line only (config.rules refuses them in a

@@ -3,8 +3,10 @@ fixed point (solver.py, without gradient), then differentiated with phantom grad
 (phantom.py); the input enters every layer through one shared injection (injection.py).
 """
 
-from implicit_megatron.implicit.core import ImplicitCore, SolverSettings
+from implicit_megatron.config import SolverSettings
+from implicit_megatron.implicit.core import ImplicitCore
 from implicit_megatron.implicit.injection import Injection
-from implicit_megatron.implicit.solver import SolverStats, relative_residual, solve
+from implicit_megatron.implicit.iteration import SolverStats, relative_residual
+from implicit_megatron.implicit.solver import solve
 
 __all__ = ["ImplicitCore", "Injection", "SolverSettings", "SolverStats", "relative_residual", "solve"]

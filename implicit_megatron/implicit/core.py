@@ -13,69 +13,22 @@ The explicit baseline goes through the same module: one pass from z^0 = embeddin
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import replace
 from typing import TYPE_CHECKING, Protocol, cast
 
 import torch
 from torch import nn
 
-from implicit_megatron.config import AndersonSettings, ImplicitConfig
+from implicit_megatron.config import SolverSettings
 from implicit_megatron.implicit import sequential, weight_norm
-from implicit_megatron.implicit.damping import damped
 from implicit_megatron.implicit.graph_runtime import CaptureFailed, GraphRuntime
 from implicit_megatron.implicit.injection import Injection
+from implicit_megatron.implicit.iteration import Function, SolverStats, StopRule, eager, iterate
 from implicit_megatron.implicit.phantom import phantom_steps
-from implicit_megatron.implicit.solver import Function, SolverStats, relative_residual, released_solve, solve
+from implicit_megatron.implicit.solver import solve_rule, unrolled
 
 if TYPE_CHECKING:
     from implicit_megatron.models.backbone import BackboneState
-
-
-@dataclass
-class SolverSettings:
-    """The knobs of one (s+k) phase; a curriculum swaps them between phases."""
-
-    max_iter: int = 4
-    tol: float | None = None  # None: a bounded phase (exactly max_iter passes in training)
-    phantom_steps: int = 1
-    damping: float = 0.8
-    eval_factor: int = 4
-    gradient: str = "phantom"  # or "unrolled" / "unrolled_damped" (ImplicitConfig.gradient)
-    anderson: AndersonSettings = field(default_factory=AndersonSettings)
-    eval_tol: float | None = None  # where a bounded phase's evaluation stops; None: at its fixed depth
-    eval_rule: str = "released"  # implicit.solver.released_solve at evaluation; "solver": the training solver
-    eval_max_iter: int | None = None  # the evaluation cap; None: max_iter x eval_factor
-    eval_stop: str = "token"  # simultaneous-mode evaluation: "token", "sequence" (each its own) or "batch" (one test)
-    warm_start: bool = False  # sequential mode: token t's solve starts from token t-1's fixed point
-    sequential_stop: str = "row"  # sequential mode: "row" (each its own) or "batch" (the released code's)
-
-    @classmethod
-    def from_config(cls, cfg: ImplicitConfig) -> SolverSettings:
-        """Each field from the config's field of the same name (ImplicitConfig holds all of them)."""
-        return cls(**{f.name: getattr(cfg, f.name) for f in fields(cls)})
-
-    def stop_tol(self, training: bool) -> float | None:
-        """The tolerance the solver stops at: the phase's own; a bounded phase's evaluation stops at
-        eval_tol (the released (4+1) models are evaluated at 0.05), or never (fixed depth)."""
-        return self.tol if training or self.tol is not None else self.eval_tol
-
-    def cap(self, training: bool) -> int:
-        """Passes allowed: max_iter in training; an evaluation that stops at a tolerance allows
-        eval_max_iter or eval_factor x max_iter, a fixed-depth evaluation exactly max_iter."""
-        if training or self.stop_tol(False) is None:
-            return self.max_iter
-        return self.eval_max_iter or self.max_iter * self.eval_factor
-
-    def released_eval(self, training: bool) -> bool:
-        return not training and self.eval_rule == "released"
-
-    def per_sample(self, training: bool) -> bool:
-        """Whether each sample stops on its own residual (evaluation with eval_stop="sequence")."""
-        return not training and self.eval_stop == "sequence"
-
-    def per_token(self, training: bool) -> bool:
-        """Whether each position stops on its own residual (evaluation with eval_stop="token")."""
-        return not training and self.eval_stop == "token"
 
 
 class Passes(Protocol):
@@ -84,7 +37,7 @@ class Passes(Protocol):
     def explicit(self, x: torch.Tensor) -> torch.Tensor:
         """The explicit model's one pass, from z0 = x, without injection."""
 
-    def solve(self, z0: torch.Tensor, inj: torch.Tensor | None, settings: SolverSettings, training: bool,
+    def solve(self, z0: torch.Tensor, inj: torch.Tensor | None, rule: StopRule,
               group) -> tuple[torch.Tensor, SolverStats]:
         """The fixed point without gradient, and what the solve did."""
 
@@ -113,33 +66,15 @@ class EagerPasses:
     def explicit(self, x: torch.Tensor) -> torch.Tensor:
         return self.function(None)(x)
 
-    def solve(self, z0: torch.Tensor, inj: torch.Tensor | None, settings: SolverSettings, training: bool,
+    def solve(self, z0: torch.Tensor, inj: torch.Tensor | None, rule: StopRule,
               group) -> tuple[torch.Tensor, SolverStats]:
-        s, f = settings, self.function(inj)
-        cap, tol = s.cap(training), s.stop_tol(training)
-        per_sample, per_token = s.per_sample(training), s.per_token(training)
         with torch.no_grad(), self.core.weights_once(with_gradient=False):
-            if s.released_eval(training):  # the paper's evaluation
-                return released_solve(f, z0, cap, tol, s.damping, group, per_sample=per_sample, per_token=per_token)
-            return solve(f, z0, cap, tol, s.anderson, group, per_sample, per_token)
+            solution = iterate(eager(self.function(inj)), z0, rule, group=group)
+        return solution.z, solution.stats
 
     def phantom(self, z_star: torch.Tensor, inj: torch.Tensor | None, steps: int, damping: float) -> torch.Tensor:
         with self.core.weights_once(with_gradient=True):
             return phantom_steps(self.function(inj), z_star, steps, damping)
-
-
-def unrolled(f: Function, z: torch.Tensor, settings: SolverSettings) -> tuple[torch.Tensor, SolverStats]:
-    """Backpropagation through every one of max_iter passes: z = F(0), then z <- (1 - damping) z
-    + damping F(z). Undamped ("unrolled"), the weight-tied ablation; damped ("unrolled_damped"), the
-    released warm-up."""
-    s = settings
-    damping = s.damping if s.gradient == "unrolled_damped" else 1.0
-    for i in range(s.max_iter):
-        f_z = f(z)
-        residual = relative_residual(f_z.detach(), z.detach())
-        z = f_z if i == 0 else damped(z, f_z, damping)
-    converged = residual < s.tol if s.tol is not None else torch.ones_like(residual, dtype=torch.bool)
-    return z, SolverStats(0, residual, converged, phantom_passes=s.max_iter)
 
 
 class ImplicitCore(nn.Module):
@@ -219,7 +154,7 @@ class ImplicitCore(nn.Module):
             z, self.last_stats = unrolled(passes.function(inj), z0, s)
             return z
         with self._timed("solve"):
-            z_star, stats = passes.solve(z0, inj, s, self.training, self.group)
+            z_star, stats = passes.solve(z0, inj, solve_rule(s, self.training), self.group)
         if s.stop_tol(self.training) is None and s.eval_tol is not None:  # bounded: converged means below eval_tol
             stats.converged = stats.residual < s.eval_tol
         if self.training:
@@ -237,7 +172,8 @@ class ImplicitCore(nn.Module):
         s = self.settings
         if s is None:
             return torch.is_grad_enabled()
-        return not (s.released_eval(self.training) or s.per_token(self.training)
+        rule = solve_rule(s, self.training)
+        return not (rule.residual == "released" or rule.scope == "position"
                     or (s.gradient != "phantom" and torch.is_grad_enabled()))
 
     def _timed(self, name: str):

@@ -17,8 +17,8 @@ import torch
 from torch import nn
 
 from implicit_megatron.implicit import graphs as graphs_lib
+from implicit_megatron.implicit.iteration import SolverStats, StopRule, iterate
 from implicit_megatron.implicit.phantom import phantom_steps
-from implicit_megatron.implicit.solver import SolverStats, solve_with
 
 logger = logging.getLogger(__name__)
 
@@ -175,9 +175,9 @@ class GraphedPasses:
         """The explicit model: one pass with gradient from z0 = x."""
         return self.runtime.grad_graphs(x, None, self.seq_idx, 1, None)(x, None, self.seq_idx)
 
-    def solve(self, z0: torch.Tensor, inj: torch.Tensor | None, settings, training: bool,
+    def solve(self, z0: torch.Tensor, inj: torch.Tensor | None, rule: StopRule,
               group) -> tuple[torch.Tensor, SolverStats]:
-        runtime, s = self.runtime, settings
+        runtime = self.runtime
         if self.weight_normed:
             self.norms = runtime.captured(WEIGHTS_GRAPH_KEY, lambda: graphs_lib.NormGraphs(runtime.backbone))
             self.norms.refresh()
@@ -186,9 +186,10 @@ class GraphedPasses:
         solver = runtime.captured(key, lambda: graphs_lib.SolverGraphs(runtime.backbone, self.norms, z0, inj,
                                                                        self.seq_idx, runtime.solver_pool()))
         solver.start(inj, self.seq_idx)
-        z_star, stats = solve_with(solver.step, z0, s.cap(training), s.stop_tol(training), s.anderson, group,
-                                   s.per_sample(training))
-        z_star, stats.residual = z_star.clone(), stats.residual.clone()  # out of the buffers a replay overwrites
+        with torch.no_grad():  # the graph computes each pass's residual itself
+            solution = iterate(lambda z, need_residual: (*solver.step(z, need_residual), None), z0, rule, group=group)
+        z_star, stats = solution.z.clone(), solution.stats  # out of the buffers a replay overwrites
+        stats.residual = stats.residual.clone()
         runtime.verify(key, lambda: solver.verify(z_star), z0.dtype)
         return z_star, stats
 

@@ -8,7 +8,7 @@ A graph reads memory by address, so everything here is about which memory a grap
 - `NormGraphs`: every weight-normalised weight, computed from g and v by one graph into static
   buffers, once per forward, for the solver's passes (`weight_norm.reading`).
 - `SolverGraphs`: the passes without gradient for one input shape: F from a static iterate to F(z)
-  and its residual. The solver (`solve_with`) drives it as it drives eager passes; the host reads
+  and its residual. The one iteration (`iteration.iterate`) drives it as it drives eager passes; the host reads
   one number per pass, the agreed residual of the stop rule.
 - `GradGraphs`: the passes with gradient of one forward (the weights normalised once with
   gradient, then the k phantom steps, or the explicit model's one pass) as one forward graph and
@@ -45,8 +45,8 @@ from torch import nn
 from torch.func import functional_call
 
 from implicit_megatron.implicit import weight_norm
+from implicit_megatron.implicit.iteration import relative_residual
 from implicit_megatron.implicit.phantom import phantom_steps
-from implicit_megatron.implicit.solver import relative_residual
 
 TOLERANCE = {torch.float64: 1e-10, torch.float32: 2e-4, torch.bfloat16: 3e-2, torch.float16: 1e-2}
 GRAPH_DEVICE = "cuda"  # where graphs exist (tests emulate them on "cpu": tests/support/cuda_graph_emulation.py)

@@ -1,8 +1,8 @@
 """Sequential mode (generation): token by token, iterate z_t under the committed per-layer state of
 t-1 until converged, then commit the state once. Memory is constant in the number of passes.
 
-The per-token solvers are in token_solve.py; this module drives them over a sequence for a core
-(`ImplicitCore.forward_sequential` and `ImplicitCore.step` call it).
+One token's solve is implicit.iteration's `iterate` under solver.token_rule; this module drives it
+over a sequence for a core (`ImplicitCore.forward_sequential` and `ImplicitCore.step` call it).
 """
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from __future__ import annotations
 import torch
 
 from implicit_megatron.implicit.damping import damped
-from implicit_megatron.implicit.solver import SolverStats
-from implicit_megatron.implicit.token_solve import released_token, solve_token
+from implicit_megatron.implicit.iteration import SolverStats, iterate, stateful
+from implicit_megatron.implicit.solver import token_rule
 from implicit_megatron.models.backbone import BackboneState, commit_state
 
 
@@ -53,7 +53,8 @@ def step(core, x_t: torch.Tensor, inj_t: torch.Tensor | None, state, real: torch
          start: torch.Tensor | None = None) -> tuple[torch.Tensor, object, SolverStats]:
     """One token: iterate under the committed `state`, then return (z_t, new committed state).
 
-    Each row stops on its own residual (implicit.token_solve). `real` (B,) is false where the
+    Each row stops on its own residual, frozen while the others iterate, so that its tokens and
+    passes are those it has alone (or at the batch's one test: implicit.sequential_stop). `real` (B,) is false where the
     token is padding: that row is not iterated and keeps its state. `start` is the first iterate
     (warm start), zeros otherwise."""
     real = torch.ones(x_t.shape[0], dtype=torch.bool, device=x_t.device) if real is None else real
@@ -62,22 +63,18 @@ def step(core, x_t: torch.Tensor, inj_t: torch.Tensor | None, state, real: torch
         stats = SolverStats(1, torch.zeros(x_t.shape[0]), torch.ones_like(real), row_passes=real.long())
         return z_t, commit_state(candidate, real, state), stats
     s = core.settings
-    cap, tol = s.cap(core.training), s.stop_tol(core.training)
     z0 = torch.zeros_like(x_t) if start is None else start
 
     def f(z: torch.Tensor):
         return core.backbone.step(z, state, inj_t)
 
-    batch_wide = s.sequential_stop == "batch"
-    if s.released_eval(core.training):  # the released per-token rule; the state of the last pass
-        z, candidate, stats = released_token(f, z0, real, cap, tol, s.damping, batch_wide)
-    else:
-        z, candidate, stats = solve_token(f, z0, real, cap, tol, batch_wide)
-        if core.training and s.phantom_steps:  # as in simultaneous mode (no gradient here)
-            for _ in range(s.phantom_steps):
-                f_z, candidate = f(z)
-                z = damped(z, f_z, s.damping)
-            stats.phantom_passes = s.phantom_steps
+    solution = iterate(stateful(f), z0, token_rule(s, core.training), rows=real, over_ranks=False)
+    z, candidate, stats = solution.z, solution.state, solution.stats
+    if core.training and s.phantom_steps:  # as in simultaneous mode (no gradient here)
+        for _ in range(s.phantom_steps):
+            f_z, candidate = f(z)
+            z = damped(z, f_z, s.damping)
+        stats.phantom_passes = s.phantom_steps
     if candidate is None:  # every row was padding
         return z, state, stats
     return z, commit_state(candidate, real, state), stats

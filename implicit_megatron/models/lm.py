@@ -24,7 +24,7 @@ from implicit_megatron.models.padding import has_padding, padded_core
 
 if TYPE_CHECKING:
     from implicit_megatron.implicit.core import ImplicitCore
-    from implicit_megatron.implicit.solver import SolverStats
+    from implicit_megatron.implicit.iteration import SolverStats
 
 
 class LanguageModel(nn.Module):

@@ -13,8 +13,9 @@ from implicit_megatron.builder import weight_normed_layers
 from implicit_megatron.config import AndersonSettings
 from implicit_megatron.implicit import SolverSettings, weight_norm
 from implicit_megatron.implicit.graphs import PassesWithGradient
+from implicit_megatron.implicit.iteration import StopRule, iterate
 from implicit_megatron.implicit.phantom import phantom_steps
-from implicit_megatron.implicit.solver import solve, solve_with
+from implicit_megatron.implicit.solver import solve
 
 
 def normed_model(make_model, arch: str, **kwargs):
@@ -125,7 +126,7 @@ class StaticStep:
         residual = torch.linalg.vector_norm((f_z - self.z).flatten(1), dim=1) / \
             torch.linalg.vector_norm(f_z.flatten(1), dim=1)
         self.res = residual if self.res is None else self.res.copy_(residual)
-        return self.out, self.res
+        return self.out, self.res, None
 
 
 @pytest.mark.parametrize("tol,anderson", [(None, False), (1e-9, False), (1e-9, True), (1e-30, False)])
@@ -140,7 +141,9 @@ def test_solver_over_reused_buffers_takes_the_same_passes(tol, anderson):
     z0 = torch.zeros(3, 16, dtype=torch.float64)
     settings = AndersonSettings(enabled=anderson)
     eager_z, eager = solve(f, z0, 40, tol, settings)
-    static_z, static = solve_with(StaticStep(f, z0), z0, 40, tol, settings)
+    with torch.no_grad():
+        solution = iterate(StaticStep(f, z0), z0, StopRule(40, tol, keep="lowest", anderson=settings))
+    static_z, static = solution.z, solution.stats
     assert static.passes == eager.passes and (tol is None or eager.passes > 1)
     assert torch.allclose(static_z, eager_z, rtol=0, atol=1e-14)
     assert torch.allclose(static.residual, eager.residual, rtol=1e-10)

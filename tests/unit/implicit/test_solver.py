@@ -5,7 +5,8 @@ from __future__ import annotations
 import torch
 
 from implicit_megatron.config import AndersonSettings
-from implicit_megatron.implicit.solver import relative_residual, solve
+from implicit_megatron.implicit.iteration import relative_residual
+from implicit_megatron.implicit.solver import solve
 
 
 def affine_contraction(batch: int = 3, n: int = 20, rate: float = 0.7, seed: int = 0):
