@@ -239,6 +239,10 @@ class PhaseConfig:
     micro_batch_size: int | None = None  # replaces train.micro_batch_size
     launch: PhaseLaunchConfig = field(default_factory=PhaseLaunchConfig)
 
+    def solver_keys(self) -> dict:
+        """What this phase sets of the solver's settings (PHASE_SOLVER_KEYS), and nothing else."""
+        return {key: getattr(self, key) for key in PHASE_SOLVER_KEYS}
+
 
 @dataclass
 class CurriculumConfig:

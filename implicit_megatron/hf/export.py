@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -240,7 +241,7 @@ def read_checkpoint(ckpt_dir: str | Path, tag: str | None = None) -> tuple[dict[
         raise
     for phase in cfg.curriculum.phases:
         if phase.name == saved.get("phase"):
-            cfg.implicit.max_iter, cfg.implicit.tol = phase.max_iter, phase.tol
+            cfg.implicit = replace(cfg.implicit, **phase.solver_keys())
             cfg.implicit.phantom_steps = max(phase.phantom_steps, 1)  # (an unrolled warm-up has none)
     return weights, cfg
 

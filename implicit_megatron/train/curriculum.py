@@ -106,7 +106,7 @@ class Phases:
         if phase is None or phase.name == progress.phase:
             return
         gradient = "unrolled_damped" if phase.kind == "unrolled" else self.cfg.implicit.gradient
-        core.set_phase(max_iter=phase.max_iter, tol=phase.tol, phantom_steps=phase.phantom_steps, gradient=gradient)
+        core.set_phase(**phase.solver_keys(), gradient=gradient)
         progress.phase = phase.name
         shape = f"{phase.max_iter} unrolled damped passes" if phase.kind == "unrolled" else \
             f"({phase.max_iter}+{phase.phantom_steps}), tol {phase.tol}"
