@@ -15,6 +15,7 @@ import torch
 from implicit_megatron.checkpoints.layout import read_client_state
 from implicit_megatron.config import Config
 from implicit_megatron.errors import RunRefused
+from implicit_megatron.models.registry import SPECS
 
 
 def load_weights(model: torch.nn.Module, state: dict[str, torch.Tensor], where: Path) -> list[str]:
@@ -50,10 +51,9 @@ def load_weights(model: torch.nn.Module, state: dict[str, torch.Tensor], where: 
     return fresh
 
 
-SHAPE_KEYS = tuple(f"model.{k}" for k in (
-    "arch", "d_model", "n_layers", "vocab_size", "pad_vocab_multiple", "tie_embeddings", "mamba2.d_state",
-    "mamba2.d_conv", "mamba2.expand", "mamba2.headdim", "mamba2.ngroups", "mamba2.bias", "mamba2.conv_bias",
-    "llama.n_heads", "llama.n_kv_heads", "llama.ffn_dim", "llama.ffn_multiple_of", "llama.attention_bias")) + (
+SHAPE_KEYS = tuple(f"model.{k}" for k in ("arch", "d_model", "n_layers", "vocab_size", "pad_vocab_multiple",
+                                           "tie_embeddings")) + tuple(
+    f"model.{spec.name}.{k}" for spec in SPECS.values() for k in spec.shape_keys) + (
     "implicit.enabled", "implicit.injection", "implicit.weight_norm", "implicit.weight_norm_injection")
 # the settings that fix the model's tensors (names and shapes); a checkpoint loads only where they agree
 MISSING = object()

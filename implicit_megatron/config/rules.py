@@ -11,6 +11,7 @@ import os
 from collections.abc import Iterator
 
 from implicit_megatron.config.schema import COMMAND_LINE_ONLY, PHASE_SOLVER_KEYS, Config, phase_bounds
+from implicit_megatron.models.registry import settings_of, spec_of
 from implicit_megatron.utils.names import CONTROL_CHARACTERS, name_problem
 from implicit_megatron.utils.typed_yaml import COMMAND_LINE
 
@@ -111,22 +112,7 @@ def validate(cfg: Config, fail, world_size: int | None = None) -> None:
         positive(f"model.{key}", getattr(m, key))
     if not 0 <= m.embedding_dropout < 1:
         fail("model.embedding_dropout", f"expected a probability in [0, 1), got {m.embedding_dropout}")
-    if m.arch == "mamba2":
-        s = m.mamba2
-        for key in ("d_state", "d_conv", "expand", "headdim", "ngroups", "chunk_size"):
-            positive(f"model.mamba2.{key}", getattr(s, key))
-        if m.d_inner % s.headdim:
-            fail("model.mamba2.headdim", f"expand*d_model = {m.d_inner} is not divisible by headdim {s.headdim}")
-        if (m.d_inner // s.headdim) % s.ngroups:
-            fail("model.mamba2.ngroups", f"nheads = {m.d_inner // s.headdim} is not divisible by ngroups")
-    else:
-        ls = m.llama
-        positive("model.llama.n_heads", ls.n_heads)
-        if m.d_model % ls.n_heads or (m.d_model // ls.n_heads) % 2:
-            fail("model.llama.n_heads", f"d_model {m.d_model} must split into n_heads {ls.n_heads} heads "
-                                        "of even size (RoPE rotates pairs)")
-        if ls.n_kv_heads is not None and (ls.n_kv_heads <= 0 or ls.n_heads % ls.n_kv_heads):
-            fail("model.llama.n_kv_heads", f"must divide n_heads {ls.n_heads}, got {ls.n_kv_heads}")
+    spec_of(m.arch).check(settings_of(m), m.d_model, fail)  # the backbone's own section (models/<arch>/spec.py)
 
     im = cfg.implicit
     positive("implicit.max_iter", im.max_iter)

@@ -9,42 +9,16 @@ import os
 from dataclasses import dataclass, field, fields
 from typing import Literal, get_args, get_type_hints
 
+from implicit_megatron.models.llama.spec import LlamaSettings
+from implicit_megatron.models.mamba2.spec import Mamba2Settings
 from implicit_megatron.utils.typed_yaml import to_dict
 
 # --------------------------------------------------------------------------- sections
 
 
 @dataclass
-class Mamba2Settings:
-    """mamba_ssm's Mamba2 constructor keywords (same names, same defaults)."""
-
-    d_state: int = 128  # SSM state size per head (N)
-    d_conv: int = 4  # width of the causal depthwise convolution
-    expand: int = 2  # d_inner = expand x d_model
-    headdim: int = 64  # channels per SSM head (nheads = d_inner / headdim)
-    ngroups: int = 1  # groups sharing B and C (as attention's key-value groups)
-    chunk_size: int = 256  # chunk length of the SSD scan (a speed setting; the function is the same)
-    conv_bias: bool = True  # bias in the convolution
-    bias: bool = False  # bias in in_proj and out_proj
-    dt_min: float = 0.001  # smallest initial step size dt
-    dt_max: float = 0.1  # largest initial step size dt
-    dt_init_floor: float = 1e-4  # floor of the initial dt
-    A_init_range: tuple[float, float] = (1.0, 16.0)  # range of the initial -A (A = -exp(A_log))
-
-
-@dataclass
-class LlamaSettings:
-    n_heads: int = 12  # attention heads
-    n_kv_heads: int | None = None  # None = n_heads (plain multi-head attention)
-    ffn_dim: int | None = None  # None = 8/3 * d_model rounded up to ffn_multiple_of (Llama recipe)
-    ffn_multiple_of: int = 256  # the MLP width is rounded up to a multiple of this
-    rope_theta: float = 10000.0  # RoPE base frequency
-    attention_bias: bool = False  # bias in q/k/v/o projections
-
-
-@dataclass
 class ModelConfig:
-    arch: Literal["mamba2", "llama"] = "mamba2"  # the backbone's block
+    arch: Literal["mamba2", "llama"] = "mamba2"  # the backbone (models.registry): its block, and its section below
     d_model: int = 768  # width of the residual stream (Table 6)
     n_layers: int = 24  # blocks in one application of the backbone F (Table 6)
     vocab_size: int = 50277  # the GPT-NeoX-20B tokenizer
@@ -65,17 +39,6 @@ class ModelConfig:
     @property
     def padded_vocab_size(self) -> int:
         return math.ceil(self.vocab_size / self.pad_vocab_multiple) * self.pad_vocab_multiple
-
-    @property
-    def d_inner(self) -> int:
-        return self.mamba2.expand * self.d_model
-
-    @property
-    def ffn_dim(self) -> int:
-        if self.llama.ffn_dim is not None:
-            return self.llama.ffn_dim
-        m = self.llama.ffn_multiple_of
-        return m * math.ceil(int(8 * self.d_model / 3) / m)
 
 
 @dataclass

@@ -32,6 +32,7 @@ from implicit_megatron.config.saved import checked_eval_stop, config_from_dict
 from implicit_megatron.errors import first_line
 from implicit_megatron.hf.remote_code import AUTO_MAP, write_remote_code
 from implicit_megatron.models.lm import LanguageModel
+from implicit_megatron.models.registry import spec_of
 from implicit_megatron.utils.json_config import read_json_config
 from implicit_megatron.utils.safe_write import out_of_room, room_cause_of
 from implicit_megatron.utils.whole_folder import written_whole
@@ -111,10 +112,7 @@ def model_fields(cfg: Config) -> dict:
     fields: dict[str, Any] = {"vocab_size": m.padded_vocab_size, "hidden_size": m.d_model,
                               "num_hidden_layers": m.n_layers, "max_position_embeddings": cfg.data.seq_len,
                               "tie_word_embeddings": m.tie_embeddings}
-    if m.arch == "llama":
-        fields.update(num_attention_heads=m.llama.n_heads, num_key_value_heads=m.llama.n_kv_heads or m.llama.n_heads,
-                      intermediate_size=m.ffn_dim, rope_theta=m.llama.rope_theta)
-    return fields
+    return {**fields, **spec_of(m.arch).transformers_fields(m)}
 
 
 def portable(value):

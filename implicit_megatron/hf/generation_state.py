@@ -19,7 +19,6 @@ import dataclasses
 import torch
 
 from implicit_megatron.models.backbone import BackboneState, LayerState
-from implicit_megatron.models.llama import KVCache
 from implicit_megatron.models.lm import LanguageModel
 
 
@@ -44,7 +43,7 @@ class SequentialState:
     def is_linear(self) -> list[bool]:
         """Per layer, whether its state has a constant size (Mamba2) rather than growing (Llama's KV
         cache); transformers >= 5.24 asks before it restarts from a returned state."""
-        return [not isinstance(layer, KVCache) for layer in self.state]
+        return [not layer.grows for layer in self.state]
 
     def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
         """Beam search: row i of the state becomes row beam_idx[i]."""
@@ -77,7 +76,7 @@ class SequentialState:
 def with_room(state: BackboneState, tokens: int) -> BackboneState:
     """The state with room for `tokens` tokens (Llama's KV caches grow, `KVCache.with_room`; Mamba2
     states have a constant size and are returned as they are)."""
-    return tuple(layer.with_room(tokens) if isinstance(layer, KVCache) else layer for layer in state)
+    return tuple(layer.with_room(tokens) for layer in state)
 
 
 def _select_rows(layer: LayerState, rows: torch.Tensor) -> LayerState:

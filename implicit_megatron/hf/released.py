@@ -15,7 +15,6 @@ import json
 import logging
 import re
 from pathlib import Path
-from typing import Any
 
 import torch
 
@@ -23,19 +22,14 @@ from implicit_megatron.builder import build_model
 from implicit_megatron.config import Config, read_config
 from implicit_megatron.hf.export import write_folder
 from implicit_megatron.hf.import_explicit import DEFAULT_BASE, read_source, source_name
+from implicit_megatron.models.registry import SPECS, spec_of
 from implicit_megatron.utils.json_config import read_json_config
 from implicit_megatron.utils.whole_folder import written_whole
 
 logger = logging.getLogger(__name__)
 
-MODEL_TYPES = {"implicit_llama3": "llama", "implicit_mamba2": "mamba2"}
+MODEL_TYPES = {spec.released_model_type: name for name, spec in SPECS.items()}  # the backbones' specs say theirs
 WN = {"weight_g": "parametrizations.weight.original0", "weight_v": "parametrizations.weight.original1"}
-LLAMA_LAYER = {"norm.": "input_layernorm.", "mixer.wq.": "self_attn.q_proj.", "mixer.wk.": "self_attn.k_proj.",
-               "mixer.wv.": "self_attn.v_proj.", "mixer.out_proj.": "self_attn.o_proj.",
-               "norm2.": "post_attention_layernorm.", "mlp.w1.": "mlp.gate_proj.", "mlp.w3.": "mlp.up_proj.",
-               "mlp.fc2.": "mlp.down_proj."}
-MAMBA2_LAYER = {name: name for name in ("norm.", "mixer.dt_bias", "mixer.A_log", "mixer.D", "mixer.in_proj.",
-                                        "mixer.conv1d.", "mixer.norm.", "mixer.out_proj.")}
 TOP = {"word_emb.emb.weight": "embedding.weight", "backbone.norm_f.weight": "core.backbone.norm_f.weight",
        "backbone.injection_norm.weight": "core.injection.norm.weight", "backbone.injection.": "core.injection.proj.",
        "criterion.decoder.weight": "lm_head.weight"}
@@ -45,7 +39,6 @@ IGNORED = {"architectures", "average_eval", "data_info", "dataset_name", "emb_in
            "transformers_version", "weight_decay", "_name_or_path", "d_embed", "vocab_size", "n_tokens",
            "pad_vocab", "pad_vocab_size_multiple", "tie_embeddings", "head_bias", "dropout", "model_type",
            "backbone_type", "backbone_config", "deq_params"}
-NOISE_KEYS = ("noise_mode", "state_noise_db", "latent_noise_db")
 
 
 def is_released(hf: dict) -> bool:
@@ -61,7 +54,7 @@ def released_overrides(hf: dict, src: Path) -> list[str]:
     unknown = sorted(set(hf) - IGNORED)
     if unknown:
         _refuse(src, unknown[0], hf[unknown[0]], "unknown key")
-    arch = MODEL_TYPES[hf["model_type"]]
+    spec = spec_of(MODEL_TYPES[hf["model_type"]])
     bb = dict(hf["backbone_config"])
     d_model = bb.pop("d_model")
     checks = {"pre_norm": True, "rms_norm": True}
@@ -80,45 +73,17 @@ def released_overrides(hf: dict, src: Path) -> list[str]:
         logger.warning("%s: pretrain_steps (the unrolled warm-up) is a training setting; not applied here", src)
     bb.pop("pretrain_iter", None)
     fp32_residual = str(bool(bb.pop("residual_in_fp32", True))).lower()  # the released default: true
-    vocab = hf["vocab_size"] if arch == "llama" else hf.get("n_tokens", hf.get("vocab_size"))
+    vocab = spec.released_vocab(hf)
     multiple = hf.get("pad_vocab_size_multiple", 8) if hf.get("pad_vocab") else 1
-    out = [f"model.arch={arch}", f"model.d_model={d_model}", f"model.n_layers={bb.pop('n_layer')}",
+    out = [f"model.arch={spec.name}", f"model.d_model={d_model}", f"model.n_layers={bb.pop('n_layer')}",
            "model.norm_eps=1e-05", f"model.vocab_size={vocab}", f"model.pad_vocab_multiple={multiple}",
            f"model.tie_embeddings={str(bool(hf.get('tie_embeddings', True))).lower()}",
            f"model.residual_in_fp32={fp32_residual}", "model.init=released",
            f"model.embedding_dropout={float(hf.get('dropout', 0.0))}"]
     block = dict(bb.pop("block_cfg", {}))
     d_inner = bb.pop("d_inner", 0)
-    if arch == "llama":
-        if bb.pop("block_type", "transformer") != "transformer" or bb.pop("mlp_type", "llama_mlp") != "llama_mlp":
-            _refuse(src, "backbone_config.mlp_type", "?", "only transformer blocks with llama_mlp")
-        heads = block.pop("n_head")
-        if block.pop("bias", False) or not block.pop("apply_rotary", True):
-            _refuse(src, "backbone_config.block_cfg", "bias/apply_rotary", "attention biases or no RoPE")
-        max_seq_len = block.pop("max_seq_len", None)  # the RoPE table's length: the trained length
-        if max_seq_len:
-            out.append(f"data.seq_len={int(max_seq_len)}")
-        out += [f"model.llama.n_heads={heads}", f"model.llama.n_kv_heads={block.pop('n_kv_heads', heads)}",
-                f"model.llama.ffn_dim={int(2 * d_inner / 3)}",
-                f"model.llama.rope_theta={block.pop('rope_theta', 500000.0)}",
-                "model.llama.attention_bias=false"]
-    else:
-        if bb.pop("block_type", "mamba2") != "mamba2" or d_inner:
-            _refuse(src, "backbone_config.d_inner", d_inner, "Mamba2 blocks with an MLP")
-        noise = {key: block.pop(key) for key in NOISE_KEYS if key in block}
-        levels = [noise.get("state_noise_db", 20.0), noise.get("latent_noise_db", 20.0)]  # released defaults
-        if max(levels) > 0:
-            logger.warning("%s: the released token-by-token Mamba2 path adds %s noise (%s dB); not applied here",
-                           src, noise.get("noise_mode", "multiplicative"), max(levels))
-        fixed = {"norm_before_gate": False, "D_has_hdim": False, "rmsnorm": True, "dt_limit": None}
-        for key, fixed_value in fixed.items():
-            if key in block and block.pop(key) not in (fixed_value, [0.0, float("inf")]):
-                _refuse(src, f"backbone_config.block_cfg.{key}", "?", f"only {key}={fixed_value} is supported")
-        defaults = {"d_state": 128, "expand": 2, "headdim": 64, "ngroups": 1, "d_conv": 4, "chunk_size": 256,
-                    "bias": False, "conv_bias": True}
-        for key, default in defaults.items():
-            value = block.pop(key, default)
-            out.append(f"model.mamba2.{key}={str(value).lower() if isinstance(value, bool) else value}")
+    out += spec.released_overrides(block, bb, d_inner, lambda key, value, why: _refuse(src, key, value, why),
+                                   lambda what: logger.warning("%s: %s", src, what))
     for name, rest in (("backbone_config.block_cfg", block), ("backbone_config", bb)):
         if rest:
             key = next(iter(rest))
@@ -156,7 +121,7 @@ def _solver_overrides(deq: dict, src: Path) -> list[str]:
 
 def released_state(weights: dict[str, torch.Tensor], arch: str, tied: bool, src: Path) -> dict[str, torch.Tensor]:
     """Our names for the released tensors; any tensor without a place is refused by name."""
-    layer_map = LLAMA_LAYER if arch == "llama" else MAMBA2_LAYER
+    layer_map = spec_of(arch).released_layer_names
     state = {}
     for name, tensor in weights.items():
         ours = _our_name(name, layer_map)
@@ -213,26 +178,10 @@ def import_released(src: str | Path, out_dir: str | Path, base_config: str | Pat
 
 def released_config(cfg: Config, dtype: torch.dtype) -> dict:
     """The released code's config.json for our model (the inverse of `released_overrides`)."""
-    m, arch = cfg.model, cfg.model.arch
-    if arch == "llama":
-        ffn = m.ffn_dim
-        d_inner = -(-3 * ffn // 2)
-        if int(2 * d_inner / 3) != ffn:
-            raise ValueError(f"model.llama.ffn_dim={ffn}: the released MLP width int(2 d_inner / 3) cannot equal it")
-        if m.llama.n_kv_heads not in (None, m.llama.n_heads) or m.llama.attention_bias:
-            raise ValueError("grouped-query attention and attention biases have no released counterpart")
-        block: dict[str, Any] = {"n_head": m.llama.n_heads, "rope_theta": m.llama.rope_theta}
-        extra = {"d_inner": d_inner, "mlp_type": "llama_mlp", "block_type": "transformer"}
-    else:
-        s = m.mamba2
-        block = {"d_state": s.d_state, "expand": s.expand, "headdim": s.headdim, "ngroups": s.ngroups,
-                 "d_conv": s.d_conv, "chunk_size": s.chunk_size, "bias": s.bias, "conv_bias": s.conv_bias,
-                 # the released token-by-token path adds noise unless switched off; ours has none
-                 "noise_mode": "additive", "state_noise_db": 0.0, "latent_noise_db": 0.0}
-        extra = {"d_inner": 0, "block_type": "mamba2"}
+    m, spec = cfg.model, spec_of(cfg.model.arch)
+    block, extra = spec.released_block(m)
     padded = m.padded_vocab_size != m.vocab_size
-    hf = {"model_type": next(k for k, v in MODEL_TYPES.items() if v == arch),
-          "architectures": ["ImplicitLlamaForCausalLM" if arch == "llama" else "ImplicitMambaForCausalLM"],
+    hf = {"model_type": spec.released_model_type, "architectures": [spec.released_architecture],
           "backbone_type": "implicit" if cfg.implicit.enabled else "explicit",
           "backbone_config": {"d_model": m.d_model, "n_layer": m.n_layers, "pre_norm": True, "rms_norm": True,
                               "dropout": 0.0, "residual_in_fp32": m.residual_in_fp32, "block_cfg": block, **extra},
@@ -241,10 +190,7 @@ def released_config(cfg: Config, dtype: torch.dtype) -> dict:
           "dropout": m.embedding_dropout,
           "pad_vocab": padded, "pad_vocab_size_multiple": m.pad_vocab_multiple if padded else 8,
           "tokenizer": "EleutherAI/gpt-neox-20b", "torch_dtype": str(dtype).removeprefix("torch.")}
-    hf["vocab_size" if arch == "llama" else "n_tokens"] = m.vocab_size
-    if arch == "mamba2":
-        hf["vocab_size"] = m.vocab_size
-    return hf
+    return {**hf, **spec.released_vocab_fields(m.vocab_size)}
 
 
 def _released_deq(cfg: Config) -> dict:
@@ -270,7 +216,7 @@ def released_tensors(model, cfg: Config) -> dict[str, torch.Tensor]:
     """Our model's tensors under the released names. Every Linear/Conv of an implicit backbone and
     its injection is stored as weight_g/weight_v, as the released code keeps them; a plain weight
     w becomes g = ||w|| per output row and v = w (the same function)."""
-    inverse_layer = {v: k for k, v in (LLAMA_LAYER if cfg.model.arch == "llama" else MAMBA2_LAYER).items()}
+    inverse_layer = {v: k for k, v in spec_of(cfg.model.arch).released_layer_names.items()}
     inverse_top = {v: k for k, v in TOP.items()}
     implicit = cfg.implicit.enabled
     out = {}

@@ -2,8 +2,8 @@
 
 transformers' AutoModelForCausalLM with `trust_remote_code=True` runs the folder's
 `modeling_implicit_megatron.py`. That file and the `im_*.py` beside it are written at export from
-the package's own source: each `im_*.py` is one module of the package (`im_models_llama.py` is
-`implicit_megatron/models/llama.py`) with its imports of the package made relative, and nothing else
+the package's own source: each `im_*.py` is one module of the package (`im_models_llama_layer.py` is
+`implicit_megatron/models/llama/layer.py`) with its imports of the package made relative, and nothing else
 changed; the modules are those the transformers model needs (hf/model.py and hf/config.py, and what
 they import: both backbones, the implicit core and its stop rules, sequential-mode generation).
 transformers copies a folder's code into its module cache by following `from .NAME import` lines
@@ -119,7 +119,7 @@ def modeling_file(modules: list[str]) -> str:
 
 
 def file_name(module: str) -> str:
-    """implicit_megatron.models.llama -> im_models_llama.py; a subpackage's __init__ takes its name."""
+    """implicit_megatron.models.llama.layer -> im_models_llama_layer.py; a subpackage's __init__ takes its name."""
     return PREFIX + module.removeprefix(PACKAGE + ".").replace(".", "_") + ".py"
 
 

@@ -15,89 +15,62 @@ iterate one token under one committed state and keep only the converged candidat
 from __future__ import annotations
 
 import math
-from typing import Any, cast
+from typing import Any, ClassVar, Protocol, cast
 
 import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from implicit_megatron.config import ModelConfig
-from implicit_megatron.models.llama import KVCache, LlamaDecoderLayer
-from implicit_megatron.models.mamba2 import Mamba2, Mamba2State
-from implicit_megatron.models.norms import RMSNorm, compute_dtype
+from implicit_megatron.models.norms import RMSNorm
+from implicit_megatron.models.registry import spec_of
 
-LayerState = Mamba2State | KVCache
+
+class LayerState(Protocol):
+    """One layer's state in sequential mode after some tokens (Mamba2State, the KV cache KVCache): a
+    frozen dataclass whose tensors are batch-first."""
+
+    grows: ClassVar[bool]  # whether it grows with the tokens (a KV cache) or keeps its size (Mamba2)
+    __dataclass_fields__: ClassVar[dict[str, Any]]
+
+    def select(self, rows: torch.Tensor, other: Any) -> LayerState:
+        """Per row: this state where `rows` (B,) is true, else `other` (a candidate of the same token)."""
+
+    def commit(self, real: torch.Tensor, before: Any) -> LayerState:
+        """The state after this token, which was padding where `real` (B,) is false (those rows keep
+        `before`)."""
+
+    def with_room(self, tokens: int) -> LayerState:
+        """This state able to hold `tokens` tokens."""
+
+
 BackboneState = tuple[LayerState, ...]
 
 
 def select_state(rows: torch.Tensor, state: BackboneState, other: BackboneState) -> BackboneState:
     """Per row: `state` where `rows` (B,) is true, else `other` (two candidates for the same token)."""
-    return tuple(mine.select(rows, cast(Any, theirs)) for mine, theirs in zip(state, other, strict=True))
+    return tuple(mine.select(rows, theirs) for mine, theirs in zip(state, other, strict=True))
 
 
 def commit_state(candidate: BackboneState, real: torch.Tensor, before: BackboneState) -> BackboneState:
     """The state after a token that was padding where `real` (B,) is false: those rows keep `before`
     (Mamba2's conv and SSM states; Llama's positions, the token's KV slot marked absent)."""
-    return tuple(mine.commit(real, cast(Any, old)) for mine, old in zip(candidate, before, strict=True))
-
-
-class Mamba2Block(nn.Module):
-    """Pre-norm residual block: z + mixer(norm(z)), as mamba_ssm's Block without an MLP."""
-
-    def __init__(self, cfg: ModelConfig, layer_idx: int, device=None, dtype=None) -> None:
-        super().__init__()
-        s = cfg.mamba2
-        self.layer_idx = layer_idx
-        self.residual_in_fp32 = cfg.residual_in_fp32
-        self.norm = RMSNorm(cfg.d_model, eps=cfg.norm_eps, device=device, dtype=dtype)
-        self.mixer = Mamba2(
-            cfg.d_model, d_state=s.d_state, d_conv=s.d_conv, expand=s.expand, headdim=s.headdim,
-            ngroups=s.ngroups, A_init_range=cast("tuple[float, float]", tuple(s.A_init_range)), dt_min=s.dt_min,
-            dt_max=s.dt_max, dt_init_floor=s.dt_init_floor, bias=s.bias, conv_bias=s.conv_bias, chunk_size=s.chunk_size,
-            layer_idx=layer_idx, norm_eps=cfg.norm_eps, use_kernels=cfg.use_kernels, device=device, dtype=dtype)
-
-    @property
-    def injection_width(self) -> int:
-        return self.mixer.injection_width
-
-    def forward(self, z: torch.Tensor, inj: torch.Tensor | None = None,
-                seq_idx: torch.Tensor | None = None) -> torch.Tensor:
-        out = z + self.mixer(self.norm(z.to(self.norm.weight.dtype)), inj, seq_idx)
-        return out.to(compute_dtype(out.dtype)) if self.residual_in_fp32 else out
-
-    def allocate_state(self, batch_size: int, max_seq_len: int, device=None, dtype=None) -> Mamba2State:
-        return self.mixer.allocate_state(batch_size, device, dtype)  # constant size: max_seq_len unused
-
-    def step(self, z_t: torch.Tensor, state: Mamba2State,
-             inj_t: torch.Tensor | None = None) -> tuple[torch.Tensor, Mamba2State]:
-        out, state = self.mixer.step(self.norm(z_t.to(self.norm.weight.dtype)), state, inj_t)
-        out = z_t + out
-        return (out.to(compute_dtype(out.dtype)) if self.residual_in_fp32 else out), state
-
-
-def _build_layer(cfg: ModelConfig, i: int, device, dtype) -> nn.Module:
-    if cfg.arch == "mamba2":
-        return Mamba2Block(cfg, i, device=device, dtype=dtype)
-    s = cfg.llama
-    return LlamaDecoderLayer(cfg.d_model, s.n_heads, cfg.ffn_dim, n_kv_heads=s.n_kv_heads,
-                             rope_theta=s.rope_theta, attention_bias=s.attention_bias, norm_eps=cfg.norm_eps,
-                             layer_idx=i, use_kernels=cfg.use_kernels, residual_in_fp32=cfg.residual_in_fp32,
-                             device=device, dtype=dtype)
+    return tuple(mine.commit(real, old) for mine, old in zip(candidate, before, strict=True))
 
 
 class Backbone(nn.Module):
-    """`layers` (Mamba2Block or LlamaDecoderLayer) and `norm_f`; see the module docstring."""
+    """`layers` (the blocks of model.arch's spec: Mamba2Block, LlamaDecoderLayer) and `norm_f`; see the
+    module docstring."""
 
     def __init__(self, cfg: ModelConfig, device=None, dtype=None) -> None:
         super().__init__()
-        if cfg.arch not in ("mamba2", "llama"):
-            raise ValueError(f"unknown architecture {cfg.arch!r}")
+        spec = spec_of(cfg.arch)
         self.arch = cfg.arch
         self.d_model = cfg.d_model
-        self.layers = nn.ModuleList(_build_layer(cfg, i, device, dtype) for i in range(cfg.n_layers))
+        self.layers = nn.ModuleList(spec.build_layer(cfg, i, device, dtype) for i in range(cfg.n_layers))
         self.norm_f = RMSNorm(cfg.d_model, eps=cfg.norm_eps, device=device, dtype=dtype)
         self.checkpoint_layers = False  # recompute each layer in backward (activation checkpointing)
-        init_backbone_(self, cfg)
+        spec.init_weights_(self, cfg)  # the backbone's reference initialisation (the embedding is the model's)
 
     @property
     def injection_width(self) -> int:
@@ -136,41 +109,16 @@ class Backbone(nn.Module):
 
 
 @torch.no_grad()
-def init_backbone_(backbone: Backbone, cfg: ModelConfig) -> None:
-    """The reference initialisation of each architecture (the embedding is the LanguageModel's).
-
-    Mamba2 (mamba_ssm's `_init_weights`, rescale_prenorm_residual=True, one residual per layer):
-    Linear layers keep PyTorch's default init with zero biases; out_proj is re-drawn kaiming-uniform
-    and divided by sqrt(n_layers); the mixer keeps its own dt_bias / A_log / D / conv init.
-    Llama (GPT-2 / Megatron): every Linear ~ N(0, init_std) with zero bias; the two projections
-    that write into the residual stream (o_proj, down_proj) ~ N(0, init_std / sqrt(2 * n_layers)).
-    """
-    for name, module in backbone.named_modules():
-        if not isinstance(module, nn.Linear):
-            continue
-        if module.bias is not None:
-            nn.init.zeros_(module.bias)
-        if cfg.arch == "mamba2":
-            if name.endswith("out_proj"):
-                nn.init.kaiming_uniform_(module.weight, a=math.sqrt(5))
-                module.weight /= math.sqrt(cfg.n_layers)
-        else:
-            residual = name.endswith(("o_proj", "down_proj"))
-            std = cfg.init_std / math.sqrt(2 * cfg.n_layers) if residual else cfg.init_std
-            nn.init.normal_(module.weight, mean=0.0, std=std)
-
-
-@torch.no_grad()
 def released_init_(backbone: Backbone, injection: nn.Module | None, cfg: ModelConfig, rescale_residual: bool) -> None:
     """The released models' initialisation (`model.init: released`), applied before weight norm.
 
     Every Linear of the backbone and of the injection keeps PyTorch's default (kaiming-uniform)
-    weights and has zero biases. The projections into the residual stream (Mamba2's out_proj; Llama's
-    o_proj and down_proj) are re-drawn and divided by sqrt(residuals per layer x n_layers) only when
-    `rescale_residual`: the released code renames them to `weight_v` when it applies weight norm,
-    so its implicit models skip the rescale and its explicit ones get it.
+    weights and has zero biases. The projections into the residual stream (the spec's: Mamba2's
+    out_proj; Llama's o_proj and down_proj) are re-drawn and divided by sqrt(residuals per layer x
+    n_layers) only when `rescale_residual`: the released code renames them to `weight_v` when it
+    applies weight norm, so its implicit models skip the rescale and its explicit ones get it.
     """
-    per_layer = 1 if cfg.arch == "mamba2" else 2
+    residuals = spec_of(cfg.arch).residual_projections
     modules = list(backbone.named_modules())
     if injection is not None:
         modules += list(injection.named_modules(prefix="injection"))
@@ -180,5 +128,5 @@ def released_init_(backbone: Backbone, injection: nn.Module | None, cfg: ModelCo
         nn.init.kaiming_uniform_(module.weight, a=math.sqrt(5))
         if module.bias is not None:
             nn.init.zeros_(module.bias)
-        if rescale_residual and name.endswith(("out_proj", "o_proj", "down_proj")):
-            module.weight /= math.sqrt(per_layer * cfg.n_layers)
+        if rescale_residual and name.endswith(residuals):
+            module.weight /= math.sqrt(len(residuals) * cfg.n_layers)

@@ -1,9 +1,8 @@
 """FLOPs of a training step counted with the passes the solver actually made, and MFU.
 
 A pass without gradient costs a forward (2 FLOPs per weight per token); a phantom (or explicit)
-pass costs forward + backward (6). The head and embedding run once with gradient. Llama adds
-attention scores and values: 4 * T * d per layer per token forward (causal work not halved,
-as Megatron counts it).
+pass costs forward + backward (6). The head and embedding run once with gradient. A backbone adds
+what its weights do not count (the spec's attention_flops: Llama's attention scores and values).
 """
 
 from __future__ import annotations
@@ -11,6 +10,7 @@ from __future__ import annotations
 import torch
 
 from implicit_megatron.config import Config
+from implicit_megatron.models.registry import spec_of
 
 PEAK_BF16_TFLOPS = {"H200": 989.0, "H100": 989.0, "A100": 312.0, "MI300X": 1307.4, "MI325X": 1307.4,
                     "MI250X": 383.0, "L40S": 362.0}
@@ -18,8 +18,7 @@ PEAK_BF16_TFLOPS = {"H200": 989.0, "H100": 989.0, "A100": 312.0, "MI300X": 1307.
 
 def pass_flops_per_token(cfg: Config, backbone_params: int, seq_len: int) -> float:
     """Forward FLOPs of one backbone pass, per token."""
-    attention = 4 * seq_len * cfg.model.d_model * cfg.model.n_layers if cfg.model.arch == "llama" else 0
-    return 2 * backbone_params + attention
+    return 2 * backbone_params + spec_of(cfg.model.arch).attention_flops(cfg.model, seq_len)
 
 
 def step_flops(cfg: Config, backbone_params: int, tokens: float, seq_len: int, passes: float,

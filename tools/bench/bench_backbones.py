@@ -19,6 +19,7 @@ import torch.nn.functional as F
 
 from implicit_megatron import build_model, load_config
 from implicit_megatron.models import kernels
+from implicit_megatron.models.registry import spec_of
 
 ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_CONFIGS = "tiny/mamba2-explicit,tiny/llama-explicit,mamba2/130m-explicit,llama/130m-explicit"
@@ -31,10 +32,7 @@ def config_path(name: str) -> Path:
 
 
 def kernel_path(arch: str, device: torch.device, dtype: torch.dtype) -> str:
-    probe = torch.empty(0, device=device, dtype=dtype)
-    if arch == "mamba2":
-        return "fused" if kernels.mamba_kernels(probe) is not None else "pytorch"
-    return "flash-attn" if kernels.flash_attn(probe) is not None else "sdpa"
+    return spec_of(arch).kernels_in_use(torch.empty(0, device=device, dtype=dtype))
 
 
 def sync(device: torch.device) -> None:

@@ -52,6 +52,7 @@ BATCH, SEQ_LEN = 2, 24
 # per-model seeds: every stopping decision of the fixture runs lies >= 0.7% away from the tolerance, the
 # Llama training solve stops on the tolerance and the Mamba2 one runs into f_max_iter (both paths covered)
 SEEDS = {"llama": 2, "mamba2": 10}
+ROPE_MODELS = ("llama",)  # whose reference computes RoPE in float32 (its effect is recorded)
 
 # weight_g = ||weight_v row|| * U(lo, hi), by module; chosen so that the fixed-point iterations
 # contract at a moderate rate (several iterations, stopping values clear of the tolerance)
@@ -77,22 +78,26 @@ GRAD_PARAMS = {
 }
 
 
+# Each model's released folder name and its tiny sizes: (backbone_config, block_cfg, top-level) updates
+TINY = {
+    "llama": ("llama3", {"d_inner": 96},  # llama_mlp: hidden = int(2 * 96 / 3) = 64
+              {"n_head": 4}, {"d_embed": 32, "vocab_size": 64}),
+    "mamba2": ("mamba2", {}, {"d_state": 16, "expand": 2, "headdim": 16, "chunk_size": 8, "state_noise_db": 0.0,
+                              "latent_noise_db": 0.0},
+               {"d_embed": 32, "n_tokens": 60, "vocab_size": 60}),  # pad_vocab (multiple 16) -> 64 rows
+}
+
+
 def tiny_config(released: Path, arch: str, variant: str, dtype: torch.dtype) -> dict:
     """The released 130m config of `variant` (implicit | pretrain) with tiny sizes."""
-    name = {"llama": "llama3", "mamba2": "mamba2"}[arch]
+    name, backbone, block, top = TINY[arch]
     cfg = json.loads((released / "hf_models" / f"{name}-130m-{variant}" / "config.json").read_text())
     bb = cfg["backbone_config"]
-    bb.update(d_model=32, n_layer=2)
+    bb.update(d_model=32, n_layer=2, **backbone)
     if dtype != torch.float32:
         bb["residual_in_fp32"] = False
-    if arch == "llama":
-        bb.update(d_inner=96)  # llama_mlp: hidden = int(2 * 96 / 3) = 64
-        bb["block_cfg"] = {**bb["block_cfg"], "n_head": 4}
-        cfg.update(d_embed=32, vocab_size=64)
-    else:
-        bb["block_cfg"] = {**bb["block_cfg"], "d_state": 16, "expand": 2, "headdim": 16, "chunk_size": 8,
-                           "state_noise_db": 0.0, "latent_noise_db": 0.0}
-        cfg.update(d_embed=32, n_tokens=60, vocab_size=60)  # pad_vocab (multiple 16) -> 64 rows
+    bb["block_cfg"] = {**bb["block_cfg"], **block}
+    cfg.update(top)
     return cfg
 
 
@@ -330,7 +335,7 @@ def run_arch(arch: str, released: Path, out: Path, dtype: torch.dtype, seed: int
     margins = {k: v["tol_margin"] for k, v in meta["runs"].items()}
     if min(margins.values()) < 5e-3:
         print(f"{arch}: a stopping decision lies within 0.5% of the tolerance ({margins}); try another --seed")
-    if arch == "llama":
+    if arch in ROPE_MODELS:
         meta["rope_float32_effect_on_eval_logits"] = rope_float32_effect(model, ids)
 
     from safetensors.torch import save_file
@@ -352,7 +357,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--commit", default=RELEASED_COMMIT, help="commit of the released code, for meta.json")
     parser.add_argument("--dtype", choices=("float64", "float32"), default="float64")
     parser.add_argument("--seed", type=int, default=None, help=f"seed for both models (default: {SEEDS})")
-    parser.add_argument("--arch", choices=("llama", "mamba2", "both"), default="both")
+    parser.add_argument("--arch", choices=(*TINY, "both"), default="both")
     args = parser.parse_args(argv)
     for extra in (args.stubs, args.released):
         if extra:
@@ -366,7 +371,7 @@ def main(argv: list[str] | None = None) -> int:
 
     dtype = getattr(torch, args.dtype)
     out = Path(args.out)
-    for arch in (("llama", "mamba2") if args.arch == "both" else (args.arch,)):
+    for arch in (a for a in TINY if args.arch in (a, "both")):
         seed = SEEDS[arch] if args.seed is None else args.seed
         torch.manual_seed(seed)
         meta = run_arch(arch, released, out, dtype, seed)

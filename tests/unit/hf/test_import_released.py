@@ -15,7 +15,8 @@ import torch.nn.functional as F
 from safetensors.torch import load_file
 
 from implicit_megatron import from_pretrained
-from implicit_megatron.hf.released import LLAMA_LAYER, MAMBA2_LAYER, _our_name, import_released
+from implicit_megatron.hf.released import _our_name, import_released
+from implicit_megatron.models.registry import spec_of
 
 ROOT = Path(__file__).resolve().parents[3]
 FIXTURES = ROOT / "tests/fixtures/released"
@@ -67,7 +68,7 @@ def test_same_function_and_gradients_as_the_released_code_at_4p1(arch, imported)
     assert relative(out.detach(), logits["train_4p1"]) < TOLERANCE
     F.cross_entropy(out[:, :-1].reshape(-1, out.shape[-1]), ids[:, 1:].reshape(-1)).backward()
     params = dict(model.named_parameters())
-    layers = LLAMA_LAYER if arch == "llama" else MAMBA2_LAYER
+    layers = spec_of(arch).released_layer_names
     checked = 0
     for key, want in grads.items():
         run, name = key.split(":", 1)

@@ -92,7 +92,7 @@ def test_the_folder_carries_the_package_modules_the_model_needs_and_no_other(exp
     folder = exports["mamba2-implicit"]
     files = {p.name: p.read_text() for p in folder.glob("*.py")}
     assert files == bundle(Path(sys.modules["implicit_megatron"].__file__).parent)
-    needed = {"im_hf_model.py", "im_hf_config.py", "im_models_mamba2.py", "im_models_llama.py",
+    needed = {"im_hf_model.py", "im_hf_config.py", "im_models_mamba2_mixer.py", "im_models_llama_layer.py",
               "im_implicit_core.py", "im_implicit_solver.py", "im_implicit_iteration.py",
               "im_implicit_sequential.py", "im_hf_generation_state.py"}
     assert needed <= set(files)

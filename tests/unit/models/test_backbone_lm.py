@@ -9,8 +9,10 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM, Mamba2Config, Mamba2ForCausalLM
 
 from implicit_megatron import build_model, load_config
-from implicit_megatron.models import Backbone, KVCache, LanguageModel, Mamba2State
-from implicit_megatron.models.lm import seq_idx_from_eod
+from implicit_megatron.models.backbone import Backbone
+from implicit_megatron.models.llama import KVCache
+from implicit_megatron.models.lm import LanguageModel, seq_idx_from_eod
+from implicit_megatron.models.mamba2 import Mamba2State
 
 
 def tiny(arch: str, *overrides: str):
@@ -31,8 +33,8 @@ def test_backbone_contract_shapes(arch):
     # F's output is normalised: RMS 1 per position with the initial unit norm weight
     assert torch.allclose(out.pow(2).mean(-1), torch.ones(2, 7), atol=1e-3)
     if arch == "mamba2":
-        s = cfg.mamba2
-        assert bb.injection_width == 2 * cfg.d_inner + 2 * s.ngroups * s.d_state + cfg.d_inner // s.headdim
+        s, inner = cfg.mamba2, cfg.mamba2.inner_width(cfg.d_model)
+        assert bb.injection_width == 2 * inner + 2 * s.ngroups * s.d_state + inner // s.headdim
     else:
         assert bb.injection_width == 3 * cfg.d_model
     state = bb.allocate_state(2, 16, device="cpu", dtype=torch.float64)
@@ -79,7 +81,8 @@ def test_mamba2_lm_matches_transformers(rel_err, float64_reference):
     s = cfg.mamba2
     ref = Mamba2ForCausalLM(Mamba2Config(
         vocab_size=cfg.padded_vocab_size, hidden_size=cfg.d_model, num_hidden_layers=cfg.n_layers,
-        state_size=s.d_state, expand=s.expand, head_dim=s.headdim, num_heads=cfg.d_inner // s.headdim,
+        state_size=s.d_state, expand=s.expand, head_dim=s.headdim,
+        num_heads=s.inner_width(cfg.d_model) // s.headdim,
         n_groups=s.ngroups, conv_kernel=s.d_conv, chunk_size=s.chunk_size, layer_norm_epsilon=cfg.norm_eps,
         tie_word_embeddings=True)).eval()
     state = {"embedding.weight": ref.backbone.embeddings.weight}
@@ -105,7 +108,7 @@ def test_llama_lm_matches_transformers(rel_err, float64_reference):
     ours = build_model(full)
     s = cfg.llama
     ref = LlamaForCausalLM(LlamaConfig(
-        vocab_size=cfg.padded_vocab_size, hidden_size=cfg.d_model, intermediate_size=cfg.ffn_dim,
+        vocab_size=cfg.padded_vocab_size, hidden_size=cfg.d_model, intermediate_size=cfg.llama.mlp_width(cfg.d_model),
         num_hidden_layers=cfg.n_layers, num_attention_heads=s.n_heads, num_key_value_heads=s.n_kv_heads,
         rms_norm_eps=cfg.norm_eps, rope_parameters={"rope_type": "default", "rope_theta": s.rope_theta},
         tie_word_embeddings=True, attn_implementation="sdpa")).eval()

@@ -32,7 +32,7 @@ def test_paper_config_sizes(arch, size):
           f"target {target / 1e6:.0f}M")
     assert abs(total - target) / target < tolerance
     if arch == "llama":
-        assert cfg.model.ffn_dim == LLAMA_FFN[size]
+        assert cfg.model.llama.mlp_width(cfg.model.d_model) == LLAMA_FFN[size]
         assert model.backbone.layers[0].mlp.up_proj.weight.shape == (LLAMA_FFN[size], cfg.model.d_model)
     else:
         assert cfg.model.padded_vocab_size == 50288

@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from implicit_megatron.models.ssd import segment_sum, ssd_scan, ssd_step
+from implicit_megatron.models.mamba2.ssd import segment_sum, ssd_scan, ssd_step
 
 
 def recurrence(x, dt, A, B, C, D=None, state=None):

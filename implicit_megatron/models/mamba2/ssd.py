@@ -29,6 +29,7 @@ import functools
 import torch
 import torch.nn.functional as F
 
+from implicit_megatron.models.documents import document_starts
 from implicit_megatron.models.norms import compute_dtype
 
 
@@ -49,13 +50,6 @@ def segment_sum(a: torch.Tensor) -> torch.Tensor:
 def _lower(q: int, device: torch.device, strict: bool = False) -> torch.Tensor:
     """The (q, q) lower-triangular mask (with the diagonal unless `strict`), made once per size and device."""
     return torch.ones(q, q, dtype=torch.bool, device=device).tril(-1 if strict else 0)
-
-
-def document_starts(seq_idx: torch.Tensor) -> torch.Tensor:
-    """(B, T) bool: True where a new document begins (seq_idx changes), never at t = 0."""
-    starts = torch.zeros_like(seq_idx, dtype=torch.bool)
-    starts[:, 1:] = seq_idx[:, 1:] != seq_idx[:, :-1]
-    return starts
 
 
 def chunk_length(t: int, chunk_size: int) -> int:

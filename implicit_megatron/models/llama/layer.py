@@ -8,16 +8,17 @@ states stay valid when the same state is stepped many times (see `KVCache`).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
-from typing import Any, cast
+from typing import Any, ClassVar, cast
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from implicit_megatron.models import kernels
+from implicit_megatron.models.documents import document_starts
 from implicit_megatron.models.norms import RMSNorm, compute_dtype
-from implicit_megatron.models.ssd import document_starts
 
 
 @dataclass(frozen=True)
@@ -47,6 +48,7 @@ class KVCache:
     last_k: torch.Tensor | None = None
     last_v: torch.Tensor | None = None
     last_real: torch.Tensor | None = None  # (B,) bool: whether the last token is real, per row
+    grows: ClassVar[bool] = True  # a slot per token
 
     def with_room(self, tokens: int) -> KVCache:
         """This cache with buffers of at least `tokens` slots: when full, copied into buffers of twice
@@ -282,3 +284,15 @@ class LlamaDecoderLayer(nn.Module):
         a, new_state = self.self_attn.step(self._normed(self.input_layernorm, z_t), state, inj_t)
         h = self._residual(z_t + a)
         return self._residual(h + self.mlp(self._normed(self.post_attention_layernorm, h))), new_state
+
+
+@torch.no_grad()
+def init_weights_(backbone: nn.Module, n_layers: int, init_std: float) -> None:
+    """GPT-2 / Megatron: every Linear ~ N(0, init_std) with zero bias; the two projections that write
+    into the residual stream (o_proj, down_proj) ~ N(0, init_std / sqrt(2 * n_layers))."""
+    for name, module in backbone.named_modules():
+        if isinstance(module, nn.Linear):
+            if module.bias is not None:
+                nn.init.zeros_(module.bias)
+            residual = name.endswith(("o_proj", "down_proj"))
+            nn.init.normal_(module.weight, mean=0.0, std=init_std / math.sqrt(2 * n_layers) if residual else init_std)

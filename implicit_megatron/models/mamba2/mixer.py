@@ -17,15 +17,15 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import cast
+from typing import ClassVar, cast
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from implicit_megatron.models import kernels
+from implicit_megatron.models.mamba2.ssd import ssd_scan, ssd_step
 from implicit_megatron.models.norms import GatedRMSNorm, compute_dtype
-from implicit_megatron.models.ssd import ssd_scan, ssd_step
 
 
 @dataclass(frozen=True)
@@ -38,6 +38,10 @@ class Mamba2State:
 
     conv: torch.Tensor
     ssm: torch.Tensor
+    grows: ClassVar[bool] = False  # a constant size, whatever the tokens
+
+    def with_room(self, tokens: int) -> Mamba2State:
+        return self  # holds any number of tokens
 
     def select(self, rows: torch.Tensor, other: Mamba2State) -> Mamba2State:
         """Per row: this state where `rows` (B,) is true, else `other`."""
