@@ -22,7 +22,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from implicit_megatron.config import ModelConfig
-from implicit_megatron.models.norms import RMSNorm
+from implicit_megatron.models.norms import RMSNorm, as_dtype
 from implicit_megatron.models.registry import spec_of
 
 
@@ -84,7 +84,7 @@ class Backbone(nn.Module):
                 z = checkpoint(layer, z, inj, seq_idx, use_reentrant=False)
             else:
                 z = layer(z, inj, seq_idx)
-        return self.norm_f(z).to(dtype)
+        return as_dtype(self.norm_f(z), dtype)
 
     def compile_blocks(self, backend: str = "inductor") -> None:
         """torch.compile every block in place: the elementwise work between matmuls (norms, RoPE,
@@ -105,7 +105,7 @@ class Backbone(nn.Module):
         for layer, layer_state in zip(self.layers, state, strict=True):
             z_t, layer_state = cast(Any, layer).step(z_t, layer_state, inj_t)
             new_state.append(layer_state)
-        return self.norm_f(z_t).to(dtype), tuple(new_state)
+        return as_dtype(self.norm_f(z_t), dtype), tuple(new_state)
 
 
 @torch.no_grad()

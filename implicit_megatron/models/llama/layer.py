@@ -18,7 +18,7 @@ from torch import nn
 
 from implicit_megatron.models import kernels
 from implicit_megatron.models.documents import document_starts
-from implicit_megatron.models.norms import RMSNorm, compute_dtype
+from implicit_megatron.models.norms import RMSNorm, as_dtype, compute_dtype
 
 
 @dataclass(frozen=True)
@@ -137,7 +137,7 @@ class LlamaAttention(nn.Module):
         """Projections (+ injection), split into heads: (..., heads, head_dim)."""
         q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
         if inj is not None:
-            dq, dk, dv = inj.to(q.dtype).split([self.q_dim, self.kv_dim, self.kv_dim], dim=-1)
+            dq, dk, dv = as_dtype(inj, q.dtype).split([self.q_dim, self.kv_dim, self.kv_dim], dim=-1)
             q, k, v = q + dq, k + dk, v + dv
         hd = self.head_dim
         return (q.unflatten(-1, (self.n_heads, hd)), k.unflatten(-1, (self.n_kv_heads, hd)),
@@ -263,10 +263,10 @@ class LlamaDecoderLayer(nn.Module):
         return self._residual(h + self.mlp(self._normed(self.post_attention_layernorm, h)))
 
     def _normed(self, norm: RMSNorm, x: torch.Tensor) -> torch.Tensor:
-        return norm(x.to(norm.weight.dtype))
+        return norm(as_dtype(x, norm.weight.dtype))
 
     def _residual(self, x: torch.Tensor) -> torch.Tensor:
-        return x.to(compute_dtype(x.dtype)) if self.residual_in_fp32 else x
+        return as_dtype(x, compute_dtype(x.dtype)) if self.residual_in_fp32 else x
 
     def allocate_state(self, batch_size: int, max_seq_len: int, device=None, dtype=None) -> KVCache:
         """An empty cache with room for `max_seq_len` tokens."""

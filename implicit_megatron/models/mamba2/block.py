@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from implicit_megatron.models.mamba2.mixer import Mamba2, Mamba2State
-from implicit_megatron.models.norms import RMSNorm, compute_dtype
+from implicit_megatron.models.norms import RMSNorm, as_dtype, compute_dtype
 
 
 class Mamba2Block(nn.Module):
@@ -29,17 +29,17 @@ class Mamba2Block(nn.Module):
 
     def forward(self, z: torch.Tensor, inj: torch.Tensor | None = None,
                 seq_idx: torch.Tensor | None = None) -> torch.Tensor:
-        out = z + self.mixer(self.norm(z.to(self.norm.weight.dtype)), inj, seq_idx)
-        return out.to(compute_dtype(out.dtype)) if self.residual_in_fp32 else out
+        out = z + self.mixer(self.norm(as_dtype(z, self.norm.weight.dtype)), inj, seq_idx)
+        return as_dtype(out, compute_dtype(out.dtype)) if self.residual_in_fp32 else out
 
     def allocate_state(self, batch_size: int, max_seq_len: int, device=None, dtype=None) -> Mamba2State:
         return self.mixer.allocate_state(batch_size, device, dtype)  # constant size: max_seq_len unused
 
     def step(self, z_t: torch.Tensor, state: Mamba2State,
              inj_t: torch.Tensor | None = None) -> tuple[torch.Tensor, Mamba2State]:
-        out, state = self.mixer.step(self.norm(z_t.to(self.norm.weight.dtype)), state, inj_t)
+        out, state = self.mixer.step(self.norm(as_dtype(z_t, self.norm.weight.dtype)), state, inj_t)
         out = z_t + out
-        return (out.to(compute_dtype(out.dtype)) if self.residual_in_fp32 else out), state
+        return (as_dtype(out, compute_dtype(out.dtype)) if self.residual_in_fp32 else out), state
 
 
 @torch.no_grad()

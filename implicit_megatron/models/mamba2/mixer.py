@@ -25,7 +25,7 @@ from torch import nn
 
 from implicit_megatron.models import kernels
 from implicit_megatron.models.mamba2.ssd import ssd_scan, ssd_step
-from implicit_megatron.models.norms import GatedRMSNorm, compute_dtype
+from implicit_megatron.models.norms import GatedRMSNorm, as_dtype, compute_dtype
 
 
 @dataclass(frozen=True)
@@ -152,7 +152,7 @@ class Mamba2(nn.Module):
         return kernels.mamba_kernels(x) if self.use_kernels else None
 
     def _A(self) -> torch.Tensor:
-        return -torch.exp(self.A_log.to(compute_dtype(self.A_log.dtype)))
+        return -torch.exp(as_dtype(self.A_log, compute_dtype(self.A_log.dtype)))
 
     def _D(self) -> torch.Tensor:
         return self.D.view(self.nheads, self.headdim) if self.D_has_hdim else self.D
@@ -160,7 +160,7 @@ class Mamba2(nn.Module):
     def _dt(self, dt: torch.Tensor) -> torch.Tensor:
         """Raw dt from in_proj -> positive step sizes (softplus of dt + dt_bias, clamped to dt_limit)."""
         cd = compute_dtype(dt.dtype)
-        dt = F.softplus(dt.to(cd) + self.dt_bias.to(cd))
+        dt = F.softplus(as_dtype(dt, cd) + as_dtype(self.dt_bias, cd))
         if self.dt_limit != (0.0, float("inf")):
             dt = dt.clamp(*self.dt_limit)
         return dt
@@ -170,7 +170,7 @@ class Mamba2(nn.Module):
 
     def _gate_and_project(self, y: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
         y = self.norm(y, z) if self.rmsnorm else y * F.silu(z)
-        return self.out_proj(y.to(self.out_proj.weight.dtype))
+        return self.out_proj(as_dtype(y, self.out_proj.weight.dtype))
 
     def _in_proj(self, u: torch.Tensor, inj: torch.Tensor | None) -> torch.Tensor:
         """in_proj(u) + inj; one matmul that adds inj in its epilogue (not a pass of its own over the
@@ -179,8 +179,9 @@ class Mamba2(nn.Module):
             return self.in_proj(u)
         weight = self.in_proj.weight
         if self.in_proj.bias is not None:
-            return self.in_proj(u) + inj.to(weight.dtype)
-        flat = torch.addmm(inj.to(weight.dtype).reshape(-1, self.d_in_proj), u.reshape(-1, self.d_model), weight.t())
+            return self.in_proj(u) + as_dtype(inj, weight.dtype)
+        flat = torch.addmm(as_dtype(inj, weight.dtype).reshape(-1, self.d_in_proj), u.reshape(-1, self.d_model),
+                           weight.t())
         return flat.view(*u.shape[:-1], self.d_in_proj)
 
     def _split(self, zxbcdt: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

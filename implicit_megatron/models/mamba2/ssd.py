@@ -30,7 +30,7 @@ import torch
 import torch.nn.functional as F
 
 from implicit_megatron.models.documents import document_starts
-from implicit_megatron.models.norms import compute_dtype
+from implicit_megatron.models.norms import as_dtype, compute_dtype
 
 
 def segment_sum(a: torch.Tensor) -> torch.Tensor:
@@ -83,7 +83,7 @@ def ssd_scan(
     pad = (-t) % q
     c = (t + pad) // q
     out_dtype, cd = x.dtype, compute_dtype(x.dtype)
-    x, dt, A, B, C = (v.to(cd) for v in (x, dt, A, B, C))  # no copies where they are in it already
+    x, dt, A, B, C = (as_dtype(v, cd) for v in (x, dt, A, B, C))
 
     log_decay = dt * A  # (b, t, h)
     x_dt = x * dt[..., None]
@@ -115,9 +115,9 @@ def ssd_scan(
 
     y = y.reshape(b, c * q, h, p)[:, :t]
     if D is not None:
-        D = D.to(cd)
+        D = as_dtype(D, cd)
         y = y + x * (D[:, None] if D.dim() == 1 else D)
-    y = y.to(out_dtype)
+    y = as_dtype(y, out_dtype)
     if return_final_state:
         return y, final_state.reshape(b, h, p, n)
     return y

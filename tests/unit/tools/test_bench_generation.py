@@ -1,4 +1,4 @@
-"""The generation benchmarks run end to end at toy size and print the rows they promise (their
+"""The generation and method benchmarks run end to end at toy size and print the rows they promise (their
 numbers are the benchmarks' to report, not the suite's)."""
 
 from __future__ import annotations
@@ -26,3 +26,14 @@ def test_the_warm_start_table_compares_three_starts(exports, capsys):
     assert set(rows) == {"cold", "warm", "cold, tol/10"}
     assert rows["cold"][3] == "1.0000" and rows["cold, tol/10"][2] == "1.0000"  # each agrees with itself
     assert float(rows["cold, tol/10"][0]) >= float(rows["cold"][0])  # a tighter tolerance: no fewer passes
+
+
+def test_the_method_table_has_both_passes_their_ratio_and_a_step_per_mode(capsys):
+    tool = load_tool("bench_method")
+    assert tool.main(["--configs", "tiny/mamba2-implicit", "--d-model", "32", "--layers", "1", "--seq-len", "16",
+                      "--short", "4", "--batch", "1", "--chunk", "16", "--repeats", "1", "--vocab-size", "64"]) == 0
+    rows = [[cell.strip() for cell in line.split("|")] for line in capsys.readouterr().out.splitlines()[3:]]
+    assert [r[1] for r in rows] == ["pass, 4 tokens", "pass, 16 tokens", "pass 4 / 16 tokens", "training step explicit",
+                                    "training step (4+1)", "training step (24+4)"]
+    assert all(float(r[2]) > 0 for r in rows if r[2]) and float(rows[2][4].rstrip("x")) > 0
+    assert [r[5] for r in rows[3:5]] == ["0+1", "4+1"] and rows[5][5].endswith("+4")
