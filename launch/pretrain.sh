@@ -82,7 +82,7 @@ fi
 multi_node=0
 if [ -n "${HOSTFILE:-}" ] || [ "${NUM_NODES:-1}" != 1 ]; then
   multi_node=1
-  "$PYTHON" -m implicit_megatron.train.process.remote_env
+  "$PYTHON" -m implicit_megatron.launch.node_shell check
 fi
 
 # GPUs: torch is asked only where a GPU device node exists (NVIDIA, AMD, WSL); importing it to learn
@@ -100,11 +100,14 @@ if [ "$gpus" -gt 0 ]; then
 else
   per_node="${NPROC:-1}"
 fi
+if [ -n "${HOSTFILE:-}" ]; then  # read by our own code (a mistake is one line naming its line), then DeepSpeed's
+  hosts="$("$PYTHON" -m implicit_megatron.launch.hostfile "$HOSTFILE")"
+fi
 if [ -n "${HOSTFILE:-}" ] && [ -z "${NUM_NODES:-}" ]; then
-  # every host of the hostfile, each with its slots (DeepSpeed's "host slots=N" format); on CPUs a host
-  # runs one process per slot, and the thread count below divides the cores by the most on any host
-  read -r world most <<< "$(awk '!/^[[:space:]]*(#|$)/ { n = per; for (i = 2; i <= NF; i++) if ($i ~ /^slots=/) { split($i, a, "="); n = a[2] } s += n; if (n > m) m = n } END { print s + 0, m + 0 }' per="$per_node" "$HOSTFILE")"
-  if [ "$gpus" -eq 0 ] && [ "$most" -gt 0 ]; then per_node="$most"; fi
+  # every host of the hostfile, each with its slots; on CPUs a host runs one process per slot, and the
+  # thread count below divides the cores by the most on any host
+  read -r world most _ <<< "$hosts"
+  if [ "$gpus" -eq 0 ]; then per_node="$most"; fi
   nodes=""
 else
   nodes="${NUM_NODES:-1}"
@@ -155,27 +158,6 @@ act_on_signals() {
     exit 130
   fi
 }
-# Several nodes: DeepSpeed's pdsh launch hands each node's shell only MLFLOW*, PYTHON*, NCCL*... values
-# and the lines of one environment file (DS_ENV_FILE, default .deepspeed_env in the home directory and
-# the working directory). What this launch sets for its ranks (the stop file, this script's process and
-# host, the thread count) goes into a file of this launch's own after the user's lines, named by
-# DS_ENV_FILE for the launcher: every rank on every node gets what a rank on one node gets.
-# shellcheck disable=SC2329  # called for the launch over several nodes below
-write_env_file() {
-  env_file="$(mktemp "${TMPDIR:-/tmp}/pretrain-env.XXXXXX")"
-  local name="${DS_ENV_FILE:-.deepspeed_env}" folder var
-  for folder in "$HOME" "$root"; do
-    local file="$folder/$name"
-    case "$name" in /*) file="$name"; [ "$folder" = "$HOME" ] || continue ;; esac  # an absolute name: read once
-    if [ -f "$file" ]; then cat "$file" >> "$env_file"; fi
-    if [ -s "$env_file" ] && [ -n "$(tail -c 1 "$env_file")" ]; then echo >> "$env_file"; fi  # a last line ended
-  done
-  for var in IMPLICIT_MEGATRON_LAUNCHER_STOP_FILE IMPLICIT_MEGATRON_LAUNCH_PID IMPLICIT_MEGATRON_LAUNCH_HOST \
-      OMP_NUM_THREADS TOKENIZERS_PARALLELISM DS_ACCELERATOR; do
-    if [ -n "${!var:-}" ]; then echo "$var=${!var}" >> "$env_file"; fi
-  done
-  export DS_ENV_FILE="$env_file"
-}
 launch() {
   mkdir -p "$outdir"
   rm -f "$outdir/preempted.json" "$outdir/stop-requested"
@@ -192,7 +174,13 @@ launch() {
   IMPLICIT_MEGATRON_LAUNCH_PID=$$ IMPLICIT_MEGATRON_LAUNCH_HOST="$(uname -n)"
   export IMPLICIT_MEGATRON_LAUNCH_PID IMPLICIT_MEGATRON_LAUNCH_HOST
   env_file=""
-  if [ "$multi_node" = 1 ]; then write_env_file; fi
+  if [ "$multi_node" = 1 ]; then
+    # Several nodes: DeepSpeed's pdsh launch hands each node's shell only MLFLOW*, PYTHON*, NCCL*...
+    # values and the lines of one environment file; what this launch sets for its ranks goes into a file
+    # of its own after the user's lines, every value checked (launch/node_shell.py)
+    env_file="$("$PYTHON" -m implicit_megatron.launch.node_shell write)"
+    export DS_ENV_FILE="$env_file"
+  fi
   setsid "$@" &
   child=$!
   while kill -0 "$child" 2>/dev/null; do  # a signal cuts the short sleep's wait: acted on at once

@@ -1,13 +1,39 @@
 #!/usr/bin/env bash
 # Idempotent set-up of .venv for this checkout.
-#   bash scripts/setup.sh [EXTRAS]       e.g. EXTRAS=dev or dev,eval
+#   bash scripts/setup.sh [EXTRAS]       e.g. EXTRAS=dev or dev,eval (the extras of pyproject.toml)
 # Where a torch build is already importable (cluster images, ROCm builds) the venv
 # sees the system packages and reuses it; otherwise torch==2.13.0 (CPU) is installed
 # first and held by a constraints file so that no dependency pulls a CUDA wheel.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-extras="${1:-}"
 py="${PYTHON:-python3}"
+known="$("$py" - <<'EXTRAS'
+import re  # the keys of [project.optional-dependencies] (tomllib is Python 3.11's; 3.10 reads the lines)
+try:
+    import tomllib
+    print(" ".join(tomllib.load(open("pyproject.toml", "rb"))["project"]["optional-dependencies"]))
+except ModuleNotFoundError:
+    section = open("pyproject.toml").read().split("[project.optional-dependencies]", 1)[1].split("\n[", 1)[0]
+    print(" ".join(re.findall(r"^([A-Za-z0-9_-]+)\s*=", section, re.M)))
+EXTRAS
+)"
+if [ "${1:-}" = "-h" ] || [ "${1:-}" = "--help" ]; then  # the header above, without its comment marks
+  sed -n '2,/^set -euo pipefail/p' "$0" | sed -e '$d' -e 's/^# \{0,1\}//'
+  echo "Extras: $known"
+  exit 0
+fi
+if [ $# -gt 1 ]; then
+  echo "setup.sh: one argument, the extras separated by commas (e.g. dev,eval); got $#" >&2
+  exit 2
+fi
+extras="${1:-}"
+IFS=, read -r -a wanted <<< "$extras"
+for extra in "${wanted[@]+"${wanted[@]}"}"; do
+  case " $known " in
+    *" $extra "*) ;;
+    *) printf 'setup.sh: unknown extra %q; the extras are: %s\n' "$extra" "$known" >&2; exit 2 ;;
+  esac
+done
 venv=".venv"
 stamp="$venv/.installed-${extras:-base}"
 

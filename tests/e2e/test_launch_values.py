@@ -50,9 +50,11 @@ def test_a_master_address_that_is_not_an_address_is_refused(address, tmp_path):
     assert not marker.exists()
 
 
-@pytest.mark.parametrize("variable", ["MLFLOW_TRACKING_URI", "PYTHONWARNINGS", "NCCL_SOCKET_IFNAME"])
+@pytest.mark.parametrize("variable", ["MLFLOW_TRACKING_URI", "PYTHONWARNINGS", "NCCL_SOCKET_IFNAME", "OMP_NUM_THREADS",
+                                      "TOKENIZERS_PARALLELISM", "DS_ACCELERATOR"])
 def test_a_value_deepspeed_hands_every_node_is_refused_before_a_multi_node_launch(variable, tmp_path):
-    """DeepSpeed's pdsh launch writes these into `export KEY="VALUE";` of every node's command."""
+    """DeepSpeed's pdsh launch writes these into `export KEY="VALUE";` of every node's command: its own
+    (MLFLOW*, PYTHON*, NCCL*...) and those pretrain.sh passes its ranks through its environment file."""
     marker = tmp_path / "marker"
     hostfile = tmp_path / "hostfile"
     hostfile.write_text("node1 slots=1\nnode2 slots=1\n")
@@ -76,3 +78,23 @@ def test_a_received_config_cannot_forge_a_row_of_the_curriculum_plan(tmp_path):
     assert result.returncode == 2, result.stdout[-2000:] + result.stderr[-2000:]
     assert "train.output_dir: " in result.stderr and "holds a control character" in result.stderr
     assert not marker.exists() and not out.exists()
+
+
+@pytest.mark.parametrize("hosts,line,says", [
+    ("node1 slots=1\nnode1 slots=1\n", 2, "host 'node1' is listed twice"),
+    ("node1 slots=two\n", 1, "slots=two: expected a whole number of at least 1"),
+    ("node1 slots=0\nnode2 slots=1\n", 1, "slots=0: expected a whole number of at least 1"),
+    ("# nodes\nnode1 slots=1 gpus=2\n", 2, "expected 'HOST slots=N'"),
+    ("node1;touch {marker} slots=1\n", 1, "is not a host name or address"),
+])
+def test_a_hostfile_mistake_is_one_line_naming_its_line_before_anything_starts(hosts, line, says, tmp_path):
+    """What DeepSpeed's launcher ended in a traceback (a host twice, slots=two) or took (slots=0, a
+    field it ignores) stops the launch in pretrain.sh, naming the file and the line."""
+    marker = tmp_path / "marker"
+    hostfile = tmp_path / "hostfile"
+    hostfile.write_text(hosts.format(marker=marker))
+    result = launch("pretrain", TINY, f"train.output_dir={tmp_path / 'run'}", HOSTFILE=str(hostfile))
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.strip().splitlines() == [result.stderr.strip()]  # one line, no traceback
+    assert result.stderr.startswith(f"pretrain.sh: HOSTFILE {hostfile}:{line}: ") and says in result.stderr
+    assert not marker.exists() and not (tmp_path / "run").exists()

@@ -1,4 +1,4 @@
-"""What a multi-node launch hands every node's shell (train/process/remote_env.py): each value that a
+"""What a multi-node launch hands every node's shell (launch/node_shell.py): each value that a
 shell would run inside DeepSpeed's double quotes is named; the values users set are let through. The
 command is DeepSpeed's own (its pdsh runner), run here by bash as a node's shell would run it."""
 
@@ -10,7 +10,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from implicit_megatron.train.process.remote_env import problems
+from implicit_megatron.launch.node_shell import environment_file, problems
 
 SAFE = {"PYTHONPATH": "/opt/a:/opt/b", "MLFLOW_TRACKING_URI": "http://tracker:5000/x?y=1&z=2",
         "NCCL_SOCKET_IFNAME": "eth0,ib0", "PYTHONWARNINGS": "ignore::DeprecationWarning", "HOME": "/root"}
@@ -58,3 +58,16 @@ def test_a_deepspeed_env_file_and_the_directory_are_checked(tmp_path):
     spaced = Path(tmp_path / "my runs")
     spaced.mkdir()
     assert "the working directory" in problems({}, home, spaced)[0]
+
+
+def test_what_pretrain_passes_its_ranks_is_checked_and_written_after_the_users_lines(tmp_path):
+    """Every value of the launch's own environment file reaches a node's shell: the thread count, the
+    tokenizers switch and the accelerator as set when the launch starts are checked as DeepSpeed's own."""
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / ".deepspeed_env").write_text("NCCL_IB_DISABLE=1\n\n")
+    for key in ("OMP_NUM_THREADS", "TOKENIZERS_PARALLELISM", "DS_ACCELERATOR", "IMPLICIT_MEGATRON_LAUNCH_HOST"):
+        assert [p.split("=")[0] for p in problems({key: "1$(touch m)"}, home, tmp_path)] == [key]
+    environ = {"OMP_NUM_THREADS": "4", "DS_ACCELERATOR": "cpu", "IMPLICIT_MEGATRON_LAUNCH_PID": "123", "HOME": "/h"}
+    assert environment_file(environ, home, tmp_path) == \
+        "NCCL_IB_DISABLE=1\nIMPLICIT_MEGATRON_LAUNCH_PID=123\nOMP_NUM_THREADS=4\nDS_ACCELERATOR=cpu\n"

@@ -1,0 +1,81 @@
+"""A DeepSpeed hostfile, read by our own code before DeepSpeed's launcher reads it.
+
+    python -m implicit_megatron.launch.hostfile FILE     -> "PROCESSES MOST_ON_ONE_HOST HOSTS" on stdout
+
+One host per line, `HOST slots=N` (N processes on it: GPUs, or CPU processes), `#` comments and blank
+lines ignored: DeepSpeed's format. What DeepSpeed would end in a traceback (a host listed twice, a
+slot count that is no number) or take without a word (`slots=0`, a field it ignores, a host name a
+remote shell would read as more than a name) is one line naming the file, the line and what was
+expected, and exit 2, before any process starts.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+HOST = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]*")  # a name or an address: pdsh and ssh pass it to a shell
+MAX_BYTES = 1 << 20
+
+
+class HostfileError(ValueError):
+    """A hostfile that cannot be launched on; the message names the file and the line."""
+
+
+@dataclass(frozen=True)
+class Host:
+    name: str
+    slots: int
+
+
+def read_hostfile(path: str | Path) -> list[Host]:
+    """The hosts of `path` in order, each with its slots."""
+    path = Path(path)
+    try:
+        if path.stat().st_size > MAX_BYTES:
+            raise HostfileError(f"{path}: {path.stat().st_size} bytes; a hostfile is a line per node (at most "
+                                f"{MAX_BYTES} bytes)")
+        text = path.read_text()
+    except (OSError, UnicodeDecodeError) as err:
+        raise HostfileError(f"{path}: cannot be read as a hostfile ({err.__class__.__name__}: "
+                            f"{getattr(err, 'strerror', None) or err})") from None
+    hosts: dict[str, Host] = {}
+    for number, line in enumerate(text.splitlines(), 1):
+        fields = line.split("#", 1)[0].split()
+        if not fields:
+            continue
+        where = f"{path}:{number}"
+        name, rest = fields[0], fields[1:]
+        if not HOST.fullmatch(name):
+            raise HostfileError(f"{where}: host {name!r} is not a host name or address (letters, digits, . _ : -)")
+        if len(rest) != 1 or not rest[0].startswith("slots="):
+            raise HostfileError(f"{where}: {line.strip()!r}: expected 'HOST slots=N' (N processes on the host)")
+        count = rest[0].removeprefix("slots=")
+        if not count.isdigit() or int(count) < 1:
+            raise HostfileError(f"{where}: slots={count}: expected a whole number of at least 1")
+        if name in hosts:
+            raise HostfileError(f"{where}: host {name!r} is listed twice (once per node, with all its slots)")
+        hosts[name] = Host(name, int(count))
+    if not hosts:
+        raise HostfileError(f"{path}: no host; expected a line 'HOST slots=N' per node")
+    return list(hosts.values())
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 1 or args[0] in ("-h", "--help"):
+        print(__doc__.strip().splitlines()[2].strip(), file=sys.stderr)
+        return 0 if args and args[0] in ("-h", "--help") else 2
+    try:
+        hosts = read_hostfile(args[0])
+    except HostfileError as err:
+        print(f"pretrain.sh: HOSTFILE {err}", file=sys.stderr)
+        return 2
+    print(sum(h.slots for h in hosts), max(h.slots for h in hosts), len(hosts))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,105 @@
+"""Everything a launch over several nodes hands another node's shell, checked by one function.
+
+    python -m implicit_megatron.launch.node_shell check   # before anything starts: exit 2 naming each value
+    python -m implicit_megatron.launch.node_shell write   # the environment file of this launch; prints its path
+
+Over several nodes (pdsh), DeepSpeed writes `export KEY=VALUE; ... cd DIR; python -m ...` into the
+command every node's shell runs: the variables whose names start with MLFLOW, PYTHON, MV2, UCX or
+NCCL, each `KEY=VALUE` line of its environment file (DS_ENV_FILE, default `.deepspeed_env` in the
+home and the working directory), and the working directory itself. A value with more than
+`[\\w@%+=:,./-]` goes in double quotes, where a shell still runs `$(...)` and backquotes and a `"`
+ends the quoting; the directory goes in bare. launch/pretrain.sh passes its ranks what a rank on one
+node gets (FORWARDED: the thread count, the stop file, its own process and host) through an
+environment file of this launch's own, the user's lines first: every one of those values, whatever
+its name, goes through `unsafe_value` too, so nothing from a received environment file, a job script
+or a shared profile runs on a node.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+import tempfile
+from pathlib import Path
+
+PREFIXES = ("MLFLOW", "PYTHON", "MV2", "UCX", "NCCL")  # DeepSpeed's EXPORT_ENVS and the CUDA/ROCm accelerator's
+# what launch/pretrain.sh hands its ranks on every node through the environment file
+FORWARDED = ("IMPLICIT_MEGATRON_LAUNCHER_STOP_FILE", "IMPLICIT_MEGATRON_LAUNCH_PID", "IMPLICIT_MEGATRON_LAUNCH_HOST",
+             "OMP_NUM_THREADS", "TOKENIZERS_PARALLELISM", "DS_ACCELERATOR")
+NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+BARE = re.compile(r"[\w@%+=:,./-]+")  # what DeepSpeed leaves unquoted
+UNSAFE_IN_QUOTES = re.compile(r"[$`\"\\\x00-\x1f\x7f]")  # what a shell still reads inside double quotes
+
+
+def unsafe_value(value: str) -> str | None:
+    """Why `value` must not reach a remote shell in DeepSpeed's double quotes (None: it may)."""
+    found = UNSAFE_IN_QUOTES.search(value.strip())
+    return None if found is None else f"holds {found.group()!r}, which a shell reads inside double quotes"
+
+
+def env_files(environ: dict[str, str], home: Path, cwd: Path) -> list[Path]:
+    """The environment files DeepSpeed reads: DS_ENV_FILE (default .deepspeed_env) in the home and the
+    working directory, or once where it is an absolute path."""
+    name = environ.get("DS_ENV_FILE", ".deepspeed_env")
+    folders = [home] if os.path.isabs(name) else list(dict.fromkeys((home, cwd)))
+    return [path for path in (folder / name for folder in folders) if path.is_file()]
+
+
+def _user_lines(environ: dict[str, str], home: Path, cwd: Path) -> tuple[list[str], list[str]]:
+    """(KEY=VALUE lines of the user's environment files, what is wrong in them)."""
+    lines, found = [], []
+    for path in env_files(environ, home, cwd):
+        for number, line in enumerate(path.read_text(errors="replace").splitlines(), 1):
+            key, sep, value = line.partition("=")
+            if not line.strip():
+                continue
+            if not (sep and NAME.fullmatch(key.strip())):
+                found.append(f"{path}:{number}: {line!r} is not KEY=VALUE")
+            elif unsafe_value(value):
+                found.append(f"{path}:{number}: {key.strip()}={value!r} {unsafe_value(value)}")
+            else:
+                lines.append(line)
+    return lines, found
+
+
+def problems(environ: dict[str, str], home: Path, cwd: Path) -> list[str]:
+    """Every value a multi-node launch would hand a remote shell that could run there, by name."""
+    found = [f"{key}={value!r} {unsafe_value(value)}" for key, value in sorted(environ.items())
+             if (key.startswith(PREFIXES) or key in FORWARDED) and unsafe_value(value)]
+    found += _user_lines(environ, home, cwd)[1]
+    if not BARE.fullmatch(str(cwd)):
+        found.append(f"the working directory {str(cwd)!r} has characters a shell reads (DeepSpeed's `cd` names "
+                     "it unquoted); launch from a path of letters, digits and ./_-")
+    return found
+
+
+def environment_file(environ: dict[str, str], home: Path, cwd: Path) -> str:
+    """The text of this launch's environment file: the user's lines, then FORWARDED as set here."""
+    lines = _user_lines(environ, home, cwd)[0]
+    lines += [f"{key}={environ[key]}" for key in FORWARDED if environ.get(key)]
+    return "".join(f"{line}\n" for line in lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if args not in (["check"], ["write"]):
+        print("usage: python -m implicit_megatron.launch.node_shell check|write", file=sys.stderr)
+        return 2
+    environ, home, cwd = dict(os.environ), Path.home(), Path.cwd()
+    found = problems(environ, home, cwd)
+    for problem in found:
+        print(f"pretrain.sh: {problem}; every node's remote shell would read it (DeepSpeed's pdsh launch)",
+              file=sys.stderr)
+    if found:
+        return 2
+    if args == ["write"]:
+        handle, name = tempfile.mkstemp(prefix="pretrain-env.", dir=os.environ.get("TMPDIR") or None)
+        with os.fdopen(handle, "w") as out:
+            out.write(environment_file(environ, home, cwd))
+        print(name)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
