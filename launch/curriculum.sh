@@ -10,7 +10,7 @@
 # checkpoint.load_optimizer / load_data_state say no; step and LR schedule continue), or its own
 # (a resume). A changed world size or ZeRO stage is handled by the training entry. Run it again
 # after a failure: finished phases are skipped, an unfinished one resumes.
-# Preemption: SIGTERM (to this script, to the phase's pretrain.sh or to the whole job) stops the
+# Preemption: SIGTERM or SIGHUP (to this script, to the phase's pretrain.sh or to the whole job) stops the
 # running phase with a checkpoint and ends the curriculum with exit 0 without starting the next
 # phase; launch it again to resume that phase.
 set -euo pipefail
@@ -40,17 +40,17 @@ export PYTHON
 # One phase's launch in the background, so that a SIGTERM here reaches it as a graceful stop. A
 # SIGTERM between phases (or while the plan is made) starts no further phase.
 stop_asked=0
-trap 'stop_asked=1' TERM
+trap 'stop_asked=1' TERM HUP
 run_phase() {
   "$@" &
   child=$!
-  trap 'stop_asked=1; kill -TERM "$child" 2>/dev/null || true' TERM
+  trap 'stop_asked=1; kill -TERM "$child" 2>/dev/null || true' TERM HUP
   [ "$stop_asked" = 1 ] && kill -TERM "$child" 2>/dev/null  # asked just before the phase started
   while :; do
     set +e; wait "$child"; rc=$?; set -e
     kill -0 "$child" 2>/dev/null || break  # a wait cut short by the trap: the phase still runs
   done
-  trap 'stop_asked=1' TERM
+  trap 'stop_asked=1' TERM HUP
   return "$rc"
 }
 

@@ -14,9 +14,9 @@
 #   GPU_DEVICE_NODES (where to look for GPUs before asking torch; default /dev/nvidia* /dev/kfd /dev/dxg).
 # Ports: one node without MASTER_PORT takes a free port (two runs on one machine do not collide);
 #   several nodes use MASTER_PORT or 29500 on every node.
-# Preemption: SIGTERM to this script (or to the whole job), or Ctrl-C, makes the ranks finish their
-#   step, save a checkpoint and stop; the script then exits 0, as after a finished run. A second
-#   Ctrl-C stops at once (exit 130). Anything else exits non-zero.
+# Preemption: SIGTERM to this script (or to the whole job), SIGHUP (its terminal closed) or Ctrl-C makes
+#   the ranks finish their step, save a checkpoint and stop; the script then exits 0, as after a
+#   finished run. A second Ctrl-C stops at once (exit 130). Anything else exits non-zero.
 set -euo pipefail
 if [ "${1:-}" = "-h" ] || [ "${1:-}" = "--help" ]; then  # the header above, without its comment marks
   sed -n '2,/^set -euo pipefail/p' "$0" | sed -e '$d' -e 's/^# \{0,1\}//'
@@ -24,8 +24,9 @@ if [ "${1:-}" = "-h" ] || [ "${1:-}" = "--help" ]; then  # the header above, wit
 fi
 root="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$root"
-stop_asked=0
-trap 'stop_asked=1' TERM  # until the ranks start: a stop asked now ends the launch before them
+stop_asked=""  # until the ranks start: a stop asked now ends the launch before them
+trap 'stop_asked=SIGTERM' TERM
+trap 'stop_asked=SIGHUP' HUP
 
 args=()
 for arg in "$@"; do  # a launcher may add --local_rank=N; LOCAL_RANK in the environment says the same
@@ -68,8 +69,8 @@ fi
 if [ -n "${RANK:-}" ] && [ -n "${LOCAL_RANK:-}" ]; then  # already started by a launcher: be this rank
   # A SIGTERM that came already is the rank's to honour; one between here and the rank's own handler is
   # ignored rather than fatal (a rank killed by it fails the whole job; the others still stop as asked).
-  [ "$stop_asked" = 1 ] && export IMPLICIT_MEGATRON_STOP_ASKED=SIGTERM
-  trap '' TERM
+  [ -n "$stop_asked" ] && export IMPLICIT_MEGATRON_STOP_ASKED="$stop_asked"
+  trap '' TERM HUP
   exec "$PYTHON" -m implicit_megatron.train "$config" "$@"
 fi
 
@@ -146,6 +147,10 @@ act_on_signals() {
     terms_acted=$terms
     ask_stop SIGTERM
   fi
+  if [ "$hangups" -gt "$hangups_acted" ]; then
+    hangups_acted=$hangups
+    ask_stop "SIGHUP (the terminal closed)"
+  fi
   if [ "$interrupts" -eq 1 ] && [ "$interrupts_acted" = 0 ]; then
     interrupts_acted=1
     ask_stop "SIGINT (Ctrl-C)"
@@ -162,11 +167,12 @@ launch() {
   mkdir -p "$outdir"
   rm -f "$outdir/preempted.json" "$outdir/stop-requested"
   echo "SIGTERM" > "$outdir/stop-requested.armed"  # written while there is room: a stop needs no new space
-  terms=0 terms_acted=0 interrupts=0 interrupts_acted=0
+  terms=0 terms_acted=0 hangups=0 hangups_acted=0 interrupts=0 interrupts_acted=0
   trap 'terms=$((terms + 1))' TERM  # from here a stop waits for the ranks' first step
-  if [ "$stop_asked" = 1 ]; then
-    echo '{"step": null, "checkpoint": null, "reason": "SIGTERM before the launch"}' > "$outdir/preempted.json"
-    echo "pretrain.sh: stopped by SIGTERM before the ranks started: nothing was trained; launch again to resume" >&2
+  trap 'hangups=$((hangups + 1))' HUP
+  if [ -n "$stop_asked" ]; then
+    echo "{\"step\": null, \"checkpoint\": null, \"reason\": \"$stop_asked before the launch\"}" > "$outdir/preempted.json"
+    echo "pretrain.sh: stopped by $stop_asked before the ranks started: nothing was trained; launch again to resume" >&2
     exit 0
   fi
   trap 'interrupts=$((interrupts + 1))' INT

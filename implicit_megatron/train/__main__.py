@@ -68,7 +68,8 @@ def main(argv: list[str] | None = None) -> int:
                 Path(output_dir_seen[-1]).mkdir(parents=True, exist_ok=True)
                 Path(output_dir_seen[-1], PREEMPTED_FILE).write_text(json.dumps({"step": None, "checkpoint": None})
                                                                      + "\n")
-            print("[train] stopped by SIGTERM during start-up, before the first step: nothing was trained or saved; "
+            print(f"[train] stopped by {stopping.requested() or 'SIGTERM'} during start-up, before the first step: "
+                  "nothing was trained or saved; "
                   "launch again to resume", flush=True)
         return 0
 

@@ -2,7 +2,8 @@
 
 Raising from a signal handler interrupts whatever runs at that moment, a C extension's
 initialisation included (it crashed the process); the handlers here only take note. Ctrl-C
-(SIGINT) asks for the same stop as SIGTERM; a second one stops the process at once. Start-up asks
+(SIGINT) and a closed terminal (SIGHUP) ask for the same stop as SIGTERM; a second Ctrl-C stops the
+process at once. Start-up asks
 `check()` between its stages (config, run lock, model and engine, before the first step): a process
 alone ends there, with nothing saved; ranks of a larger world carry the request to their first step
 and stop together after it (a rank leaving alone left the others waiting for it in the rendezvous,
@@ -36,7 +37,9 @@ LAUNCHER_OWNS_STOP_FILE = "IMPLICIT_MEGATRON_LAUNCHER_STOP_FILE"
 # Set by launch/pretrain.sh for a rank it becomes (`exec`) when a SIGTERM came before: the stop is the rank's.
 STOP_ASKED_BEFORE_START = "IMPLICIT_MEGATRON_STOP_ASKED"
 
-_requested: str | None = None  # what asked for a stop during the start-up (SIGTERM, SIGINT), if anything
+_requested: str | None = None  # what asked for a stop during the start-up (SIGTERM, SIGINT, SIGHUP), if anything
+# the signals that ask for the graceful stop, as a stop names them (a closed terminal sends SIGHUP)
+REASONS = {signal.SIGTERM: "SIGTERM", signal.SIGINT: "SIGINT (Ctrl-C)", signal.SIGHUP: "SIGHUP (the terminal closed)"}
 STARTED = time.monotonic()  # this rank's start (the module is imported first thing): exit_after_minutes counts from it
 
 
@@ -46,8 +49,8 @@ class StoppedDuringStartUp(BaseException):  # noqa: N818 - a stop, not an error:
 
 def install() -> None:
     global _requested
-    signal.signal(signal.SIGTERM, _take_note)
-    signal.signal(signal.SIGINT, _take_note)
+    for signum in REASONS:
+        signal.signal(signum, _take_note)
     _requested = _requested or os.environ.get(STOP_ASKED_BEFORE_START) or None
 
 
@@ -55,7 +58,12 @@ def _take_note(signum, frame) -> None:
     global _requested
     if signum == signal.SIGINT and _requested:
         at_once()
-    _requested = "SIGINT (Ctrl-C)" if signum == signal.SIGINT else "SIGTERM"
+    _requested = REASONS[signal.Signals(signum)]
+
+
+def requested() -> str | None:
+    """What asked for a stop during the start-up (None: nothing)."""
+    return _requested
 
 
 def at_once() -> None:
@@ -88,8 +96,8 @@ class Preemption:
         started directly, e.g. by srun). Under launch/pretrain.sh the launcher has removed both before
         the ranks started, and a STOP_FILE found now is a stop asked during the start-up: it stays,
         and the first step stops."""
-        signal.signal(signal.SIGTERM, self._take_note)
-        signal.signal(signal.SIGINT, self._take_note)
+        for signum in REASONS:
+            signal.signal(signum, self._take_note)
         if _requested:  # asked during the start-up of a world of several ranks: they stop after the first step
             self.requested, self.reason = True, _requested
         if self.rank == 0:
@@ -101,7 +109,7 @@ class Preemption:
         if signum == signal.SIGINT and self.requested:
             at_once()
         self.requested = True
-        self.reason = "SIGINT (Ctrl-C)" if signum == signal.SIGINT else "SIGTERM"
+        self.reason = REASONS[signal.Signals(signum)]
 
     def asked(self) -> bool:
         """Whether this rank was asked to stop (rank 0 also reads STOP_FILE, which names what asked)."""

@@ -178,19 +178,22 @@ def wait_for_steps(proc: subprocess.Popen, out: Path, steps: int = 2) -> None:
 
 
 @pytest.mark.distributed
-@pytest.mark.parametrize("whom", ["script", "job"])
-def test_sigterm_stops_with_a_checkpoint_and_exit_code_0(whom, shakespeare_shards, tmp_path):
-    """A requeue script sees 0 whether only pretrain.sh (docker stop) or the whole job (SLURM) got SIGTERM."""
+@pytest.mark.parametrize("whom,signum,said", [("script", signal.SIGHUP, "SIGHUP (the terminal closed)"),
+                                             ("job", signal.SIGTERM, "SIGTERM")])
+def test_sigterm_or_sighup_stops_with_a_checkpoint_and_exit_code_0(whom, signum, said, shakespeare_shards, tmp_path):
+    """A requeue script sees 0 whether only pretrain.sh (docker stop; a closed terminal's SIGHUP) or the whole
+    job (SLURM) got the signal. (SIGTERM to the script alone: test_sigterm_to_the_script_while_the_rank_starts.)"""
     proc = start(tmp_path, shakespeare_shards)
     wait_for_steps(proc, tmp_path)
     if whom == "script":
-        proc.send_signal(signal.SIGTERM)
+        proc.send_signal(signum)
     else:
-        signal_job(proc.pid, signal.SIGTERM)
+        signal_job(proc.pid, signum)
     out, _ = proc.communicate(timeout=180)
     assert proc.returncode == 0, out[-3000:]
-    assert "stopped by SIGTERM after step" in out
+    assert f"stopped by {said} after step" in out
     stopped = json.loads((tmp_path / "preempted.json").read_text())
+    assert stopped["reason"] == said
     assert (tmp_path / "checkpoints" / "latest").read_text().strip() == stopped["checkpoint"]
     assert stopped["checkpoint"] == f"bounded-step{stopped['step']}" and stopped["step"] < 300
 
