@@ -28,7 +28,7 @@ def read_config(path: str | os.PathLike, overrides: list[str] | tuple[str, ...] 
     data, sources = read_yaml_chain(path)
     data, sources = apply_overrides(data, sources, list(overrides))
     cfg = build_dataclass(Config, data, sources)
-    cfg.source, cfg.sources = str(path), sources
+    cfg.source, cfg.sources, cfg.overrides = str(path), sources, list(overrides)
     _apply_run_phase(cfg, sources)
     validate(cfg, blame(cfg), world_size)
     return cfg

@@ -298,6 +298,7 @@ class Config:
     # where the config came from: set when it is read, never a key of a file or of the command line
     source: str = field(default="", init=False, repr=False, compare=False)  # the file it was loaded from
     sources: dict = field(default_factory=dict, init=False, repr=False, compare=False)  # which file set each key
+    overrides: list = field(default_factory=list, init=False, repr=False, compare=False)  # the command line's
 
     @property
     def output_dir(self) -> str:
@@ -307,8 +308,8 @@ class Config:
         """The config as saved with a run (config.yaml, checkpoints, exports, MLflow): without where it
         came from, and without the command-line-only switches (COMMAND_LINE_ONLY)."""
         data = to_dict(self)
-        data.pop("source")
-        data.pop("sources")
+        for where in ("source", "sources", "overrides"):
+            data.pop(where)
         for dotted in COMMAND_LINE_ONLY:
             section, key = dotted.split(".")
             data[section].pop(key)

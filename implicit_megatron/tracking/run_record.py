@@ -15,6 +15,7 @@ import hashlib
 import json
 import os
 import subprocess
+import time
 from pathlib import Path
 
 from implicit_megatron.config import Config
@@ -90,6 +91,17 @@ def run_tags(cfg: Config, parameters: int | None) -> dict[str, str]:
         tags.update({"mlflow.source.git.commit": git["commit"], "mlflow.source.git.branch": git["branch"],
                      "mlflow.source.git.dirty": git["dirty"]})
     return tags
+
+
+def launch_record(cfg: Config, world_size: int, start_step: int) -> dict[str, str]:
+    """What a launch of the run was: its config file and overrides, world size, ZeRO stage, the phase it
+    ran (`all` for a whole curriculum) and the step it started from. Each launch of a run records
+    this as params `launch.<n>.<key>` (params never change, so launch n has its own), the newest also
+    as tags."""
+    return {"config": str(cfg.source or ""), "overrides": " ".join(cfg.overrides)[:6000],
+            "world_size": str(world_size), "zero_stage": str(cfg.distributed.zero_stage),
+            "phase": cfg.curriculum.run_phase or "all", "start_step": str(start_step),
+            "started": time.strftime("%Y-%m-%d %H:%M:%S %Z")}
 
 
 def config_params(cfg: Config) -> dict[str, str]:

@@ -24,7 +24,14 @@ from typing import TYPE_CHECKING
 
 from implicit_megatron.config import Config
 from implicit_megatron.tracking.dashboards import Dashboards
-from implicit_megatron.tracking.run_record import EXPERIMENT_KIND, config_params, dataset_inputs, run_page, run_tags
+from implicit_megatron.tracking.run_record import (
+    EXPERIMENT_KIND,
+    config_params,
+    dataset_inputs,
+    launch_record,
+    run_page,
+    run_tags,
+)
 from implicit_megatron.utils.safe_write import replace_text
 
 if TYPE_CHECKING:
@@ -162,11 +169,12 @@ class Tracker:
         self.cfg, self.active = cfg, active
         self.dashboards = Dashboards()
 
-    def _open(self, cfg: Config, step: int, parameters: int | None, resumed: bool) -> None:
+    def _open(self, cfg: Config, step: int, parameters: int | None, resumed: bool, world_size: int) -> None:
         if not (self.active and cfg.tracking.enabled):
             return
         try:
             self._start(cfg, parameters, resumed)
+            self._record_launch(cfg, world_size, step)
             if resumed and self.run_id is not None:  # steps MLflow holds already are not sent again
                 history = self.client.get_metric_history(self.run_id, "train/loss")
                 self.logged_up_to = max((m.step for m in history), default=0)
@@ -265,12 +273,29 @@ class Tracker:
             self.client.log_inputs(self.run_id, datasets=dataset_inputs(cfg))
         self.client.log_artifact(self.run_id, str(out / RUN_CONFIG))  # written by the trainer
 
-    def begin(self, step: int, parameters: int | None = None, resumed: bool = False) -> None:
+    def _record_launch(self, cfg: Config, world_size: int, step: int) -> None:
+        """This launch as launch n of the run: params launch.<n>.* (launch_record), the tags `config`,
+        `world_size`, `zero_stage` and `launches` of the newest, and its config.yaml as the artifact
+        launches/<n>/config.yaml (the run's own config.yaml is its first launch's)."""
+        from mlflow.entities import Param, RunTag
+
+        if self.run_id is None:
+            return
+        params = self.client.get_run(self.run_id).data.params
+        n = 1 + sum(1 for key in params if key.startswith("launch.") and key.endswith(".world_size"))
+        record = launch_record(cfg, world_size, step)
+        tags = {"config": record["config"], "world_size": record["world_size"], "zero_stage": record["zero_stage"],
+                "launches": str(n)}
+        self.client.log_batch(self.run_id, params=[Param(f"launch.{n}.{k}", v) for k, v in record.items()],
+                              tags=[RunTag(k, v) for k, v in tags.items()])
+        self.client.log_artifact(self.run_id, str(Path(cfg.output_dir).resolve() / RUN_CONFIG), f"launches/{n}")
+
+    def begin(self, step: int, parameters: int | None = None, resumed: bool = False, world_size: int = 1) -> None:
         """Training starts at `step`; `resumed`: from a checkpoint of this run's own folder. The MLflow
         run opens (the run this folder names, continued, where resumed; else a new one), and the
         dashboards open, a resumed one continuing its curves, any other dropping what a dead launch
         drew after `step`."""
-        self._open(self.cfg, step, parameters, resumed)
+        self._open(self.cfg, step, parameters, resumed, world_size)
         if self.active:
             self.dashboards.start(self.cfg, step, resumed)
 

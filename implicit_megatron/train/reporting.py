@@ -38,7 +38,7 @@ class Reporter:
         """This launch trains steps start+1..end (`resumed`: from a checkpoint of its own folder):
         elapsed time and the ETA (to `end`) count from here."""
         self.first_step, self.last_step, self.started = start, end, time.monotonic()
-        self.tracker.begin(start, parameters, resumed)
+        self.tracker.begin(start, parameters, resumed, dist.get_world_size())
 
     def report(self, metrics: dict[str, float], step: int, settings=None) -> None:
         """Training metrics are averaged over the ranks (the solver's residual: the worst rank's);

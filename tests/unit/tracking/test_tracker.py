@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import sqlite3
+from pathlib import Path
 
 import pytest
 from support.processes import ROOT, on_a_small_tmpfs
@@ -262,3 +263,35 @@ def test_a_received_store_that_keeps_artifacts_elsewhere_is_not_written_to(tmp_p
     assert tracker.run_id is None and not any(outside.iterdir())
     said = capsys.readouterr().out
     assert f"outside the run folder {out}; " in said and f"(remove {out / STORE} to start a new one" in said
+
+
+@pytest.mark.processes  # MLflow asks the machine (uname) and git of the commit
+def test_each_launch_of_a_curriculum_is_recorded_in_the_run(tmp_path):
+    """A curriculum over two launches into one folder (bounded on 2 processes, then free on 1): the
+    MLflow run holds each launch's config file, overrides, world size, ZeRO stage and phase as params
+    launch.<n>.*, the newest as tags, and each launch's config.yaml (read as users read it: MlflowClient)."""
+    from mlflow import MlflowClient
+
+    curriculum = ROOT / "configs/tiny/mamba2-curriculum.yaml"
+    launches = [(curriculum, ["curriculum.run_phase=bounded"], 2, 0),
+                (curriculum, ["curriculum.run_phase=free"], 1, 32)]
+    for number, (path, overrides, world, step) in enumerate(launches, 1):
+        cfg = load_config(path, [f"train.output_dir={tmp_path}", *overrides], world_size=world, check_files=False)
+        (tmp_path / "config.yaml").write_text(f"launch: {number}\n")  # the trainer writes this launch's
+        tracker = Tracker(cfg, active=True)
+        tracker.begin(step, resumed=step > 0, world_size=world)
+        tracker.finish()
+    client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / STORE}")
+    run = client.get_run((tmp_path / tracker_module.RUN_ID_FILE).read_text().strip())
+    params, tags = run.data.params, run.data.tags
+    assert {k: params[f"launch.1.{k}"] for k in ("overrides", "world_size", "zero_stage", "phase", "start_step")} == {
+        "overrides": f"train.output_dir={tmp_path} curriculum.run_phase=bounded", "world_size": "2", "zero_stage": "2",
+        "phase": "bounded", "start_step": "0"}
+    assert {k: params[f"launch.2.{k}"] for k in ("world_size", "zero_stage", "phase", "start_step")} == {
+        "world_size": "1", "zero_stage": "3", "phase": "free", "start_step": "32"}
+    assert params["launch.1.config"] == params["launch.2.config"] == str(curriculum)
+    newest = (tags["launches"], tags["world_size"], tags["zero_stage"], tags["config"])
+    assert newest == ("2", "1", "3", str(curriculum))
+    for n in (1, 2):
+        local = client.download_artifacts(run.info.run_id, f"launches/{n}/config.yaml", str(tmp_path / f"got{n}"))
+        assert Path(local).read_text() == f"launch: {n}\n"
