@@ -162,6 +162,11 @@ def validate(cfg: Config, fail, world_size: int | None = None) -> None:
         positive("train.exit_after_minutes", t.exit_after_minutes)
     positive("checkpoint.interval", cfg.checkpoint.interval)
     positive("distributed.timeout_minutes", cfg.distributed.timeout_minutes)
+    if not cfg.distributed.collective_timeout_minutes > cfg.distributed.timeout_minutes:
+        fail("distributed.collective_timeout_minutes",
+             f"{cfg.distributed.collective_timeout_minutes:g} is not above distributed.timeout_minutes "
+             f"{cfg.distributed.timeout_minutes:g}: the backstop must sit above what the stall watch allows, or it "
+             "ends healthy ranks that the watch lets go on", "distributed.timeout_minutes")
     non_negative("checkpoint.keep_last", cfg.checkpoint.keep_last)
     if cfg.schedule.min_lr > cfg.optimizer.lr:
         fail("schedule.min_lr", f"{cfg.schedule.min_lr} exceeds the peak optimizer.lr {cfg.optimizer.lr}")

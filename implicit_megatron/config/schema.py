@@ -221,10 +221,13 @@ class DistributedConfig:
     precision: Literal["bf16", "fp16", "fp32"] = "bf16"
     activation_checkpointing: bool = False  # recompute each block in backward (no CUDA graphs then)
     backend: Literal["auto", "nccl", "gloo"] = "auto"  # torch.distributed backend; auto: nccl with GPUs, gloo without
-    # the longest a rank may give no sign of life (stopped, hung, cut off) before the job ends naming it; a step,
-    # validation or save may take any time. A collective that a living rank never joins ends at twice this
-    # (Megatron's --distributed-timeout-minutes); raise it for long rank-0 work at start-up (a universal conversion)
+    # the longest a rank may give no sign of life (stopped, hung, cut off) before the stall watch ends the job
+    # naming it: the one judge of a stall. A living rank's step, validation or save may take any time
     timeout_minutes: float = 10.0
+    # the backstop above the watch: the longest one collective or rendezvous-store call waits (living ranks
+    # that never meet, which no heartbeat shows), and how long the watch waits for a store that does not
+    # answer (a suspended launcher, a lost host) before it ends the job
+    collective_timeout_minutes: float = 1440.0
 
 
 @dataclass

@@ -123,7 +123,7 @@ def _run(args, seen_output) -> int:
     except Exception as err:  # one clear line before the traceback that follows
         from implicit_megatron.train.stall_watch import name_timeout
 
-        line = name_timeout(err, rank, cfg.distributed.timeout_minutes)
+        line = name_timeout(err, rank, cfg.distributed.collective_timeout_minutes)
         if line is not None:  # a process group's or the store's own timeout: the line says it all
             print(line, file=sys.stderr, flush=True)
             return 1

@@ -41,9 +41,10 @@ def init_distributed(cfg: Config) -> None:
 
 
 def collective_timeout(cfg: Config) -> timedelta:
-    """The process groups' own timeout: twice distributed.timeout_minutes, so the stall watch names a
-    silent rank first (train/stall_watch.py) and this ends only a collective a living rank never joins."""
-    return timedelta(minutes=2 * cfg.distributed.timeout_minutes)
+    """The process groups' own timeout, distributed.collective_timeout_minutes: above anything the stall
+    watch allows (train/stall_watch.py, the one judge of a stall), so that it ends only collectives that
+    living ranks never meet, and never a rank that is slow while its heartbeat goes on."""
+    return timedelta(minutes=cfg.distributed.collective_timeout_minutes)
 
 
 def local_device() -> torch.device:

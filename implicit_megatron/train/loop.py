@@ -61,7 +61,8 @@ class Trainer:
         safe_load.set_trust(cfg.checkpoint.trust_pickle)
         init_distributed(cfg)
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
-        self.stall = StallWatch(cfg.distributed.timeout_minutes, self.rank, self.world)  # start-up is watched too
+        self.stall = StallWatch(cfg.distributed.timeout_minutes, self.rank, self.world,  # start-up is watched too
+                                store_minutes=cfg.distributed.collective_timeout_minutes)
         try:
             self._start_up(cfg)
         except BaseException:

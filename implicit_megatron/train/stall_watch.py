@@ -6,16 +6,18 @@ may take any time over a step, a validation or a save. So each rank's watch thre
 the process group exists, writes a heartbeat (a count and what its rank is doing) into the launch's
 rendezvous store every few seconds, and reads the heartbeat of the next rank round the ring: one
 write and one read per rank and period, however many ranks there are. When the next rank's
-heartbeat has not changed for distributed.timeout_minutes, or the store has not answered for that
-long, the watch prints one line naming the silent rank and what it was doing, and exits 1, which
-makes the launcher end every rank. The work itself is never timed.
+heartbeat has not changed for distributed.timeout_minutes, the watch prints one line naming the silent
+rank and what it was doing, and exits 1, which makes the launcher end every rank. The work itself is
+never timed. A store that does not answer says nothing of the ranks (a suspended launcher holds it
+while the ranks train on, their collectives go peer to peer): the watch waits for it as long as the
+backstop (distributed.collective_timeout_minutes) before it ends the job naming the store.
 
 Time while this process itself was stopped (SIGSTOP or SIGCONT of the whole job, as a SLURM suspend,
 `docker pause` or Ctrl-Z do) is not counted: the watch sees its own sleep overrun and starts counting
 afresh. In a world of one process nothing waits for another rank, and there is no watch.
 
-The process groups' own timeouts (engine.collective_timeout: twice the limit) only end a collective
-that a living rank never joins; the watch speaks first for any silent rank.
+The process groups' own timeouts (engine.collective_timeout, the same backstop) only end collectives
+that living ranks never meet; the watch speaks first for any silent rank, and is the one judge of a stall.
 """
 
 from __future__ import annotations
@@ -41,10 +43,12 @@ def _exit_naming(line: str) -> None:
 
 class StallWatch:
     def __init__(self, minutes: float, rank: int, world: int, store=None,
-                 on_stall: Callable[[str], None] = _exit_naming) -> None:
+                 on_stall: Callable[[str], None] = _exit_naming, store_minutes: float = 1440.0) -> None:
         """`store`: the rendezvous store (torch.distributed's default store unless given); `on_stall`
-        receives the line (the default prints it and exits 1)."""
+        receives the line (the default prints it and exits 1); `store_minutes`: how long a store may not
+        answer (distributed.collective_timeout_minutes)."""
         self.limit, self.minutes, self.rank, self.world = 60.0 * minutes, minutes, rank, world
+        self.store_limit, self.store_minutes = 60.0 * max(store_minutes, minutes), store_minutes
         self.period = min(5.0, max(self.limit / 10, 0.05))
         self.on_stall = on_stall
         self.finished = threading.Event()
@@ -95,7 +99,10 @@ class StallWatch:
             except Exception as err:  # noqa: BLE001 - a timeout or a lost connection: judged, never raised
                 self.error = str(err).splitlines()[0][:200] if str(err) else type(err).__name__
                 continue
-            self.reached = time.monotonic()
+            now = time.monotonic()
+            if now - self.reached > 2 * self.period + 2.0:  # the store was silent: the next rank's silence
+                self.heard = now  # while it lasted is not the rank's, so its count starts afresh
+            self.reached = now
             if said == "finished":
                 watching = False  # the next rank has ended its run: beat on for the previous one
             if not watching or said != self.said:
@@ -111,21 +118,25 @@ class StallWatch:
             if now - tick > self.period + slack:
                 fresh = now  # this process was stopped (or starved): count afresh
             tick = now
-            if now - max(self.reached, fresh) > self.limit:
+            if now - max(self.reached, fresh) > self.store_limit:
                 why = f": {self.error}" if self.error else ""
                 return self._stall(f"the rendezvous store at {self.address} has not answered for "
-                                   f"{now - max(self.reached, fresh):.0f} s (its host or the network is down{why})")
+                                   f"{now - max(self.reached, fresh):.0f} s (its host or the network is down{why})",
+                                   f"distributed.collective_timeout_minutes={self.store_minutes:g}")
+            if now - max(self.reached, fresh) > self.limit:
+                continue  # no answer, no news of the next rank: its silence is not judged while the store's lasts
             if now - max(self.heard, fresh) > self.limit:
                 doing = self.said.split(" ", 1)[1] if self.said else "start-up"
                 return self._stall(f"rank {self.neighbour} has given no sign of life for "
                                    f"{now - max(self.heard, fresh):.0f} s (its last heartbeat: {doing}): it has "
                                    "stopped (a signal, a debugger), hung or lost its connection")
 
-    def _stall(self, why: str) -> None:
+    def _stall(self, why: str, limit: str | None = None) -> None:
         if self.finished.is_set():
             return
+        limit = limit or f"distributed.timeout_minutes={self.minutes:g}"
         self.on_stall(f"[train] error on rank {self.rank} ({self.what}): {why}; ending the job after "
-                      f"distributed.timeout_minutes={self.minutes:g} (raise it if a rank may stop for longer)")
+                      f"{limit} (raise it if a rank may stop for longer)")
 
 
 def _address(store) -> str:
@@ -138,7 +149,8 @@ def _address(store) -> str:
 
 def name_timeout(err: BaseException, rank: int, minutes: float) -> str | None:
     """One line for a process group's or store's own timeout (gloo's 'Timed out waiting', a store's 'wait
-    timeout ... keys: ...'), naming what the rank was doing and the key to raise; None for other errors."""
+    timeout ... keys: ...') after `minutes` (distributed.collective_timeout_minutes), naming what the
+    rank was doing and the key to raise; None for other errors."""
     text = str(err)
     import torch.distributed as dist
 
@@ -150,7 +162,7 @@ def name_timeout(err: BaseException, rank: int, minutes: float) -> str | None:
         return None
     kind = "the rendezvous store" if store else "a collective"
     return (f"[train] error on rank {rank} ({section()}): {kind} timed out waiting for the other ranks after "
-            f"{2 * minutes:g} minutes (twice distributed.timeout_minutes={minutes:g}); unless a line above names "
-            f"a silent rank, one kept the others waiting that long: raise distributed.timeout_minutes if it may "
-            f"(e.g. a long universal conversion at start-up). {type(err).__name__}: "
+            f"{minutes:g} minutes (distributed.collective_timeout_minutes); unless a line above names a silent "
+            f"rank, living ranks kept each other waiting that long: raise distributed.collective_timeout_minutes "
+            f"if one may work alone for longer (e.g. a long universal conversion at start-up). {type(err).__name__}: "
             f"{text.splitlines()[0][:300] if text else ''}")

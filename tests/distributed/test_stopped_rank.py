@@ -1,11 +1,14 @@
 """A rank that stops answering (SIGSTOP: a debugger, a frozen node) ends the whole job within
 distributed.timeout_minutes, with one line naming that rank and what it was doing, in a step as in a
 resume's start-up; a pause of the whole job (SIGSTOP then SIGCONT of every process, as Ctrl-Z or a
-SLURM suspend do) longer than the limit is not counted, and the run goes on."""
+SLURM suspend do) longer than the limit is not counted, a rank three times the limit slow in one step
+(its heartbeat goes on) and the launcher that holds the rendezvous store suspended past the limit end
+nothing either: the stall watch is the one judge of a stall, and the run goes on."""
 
 from __future__ import annotations
 
 import json
+import os
 import queue
 import re
 import signal
@@ -15,10 +18,10 @@ import time
 
 import psutil
 import pytest
-from support.processes import ROOT, child_env, kill_tree, signal_job, torchrun_command
+from support.processes import ROOT, child_env, faults, kill_tree, signal_job, torchrun_command
 
 TINY = "configs/tiny/mamba2-implicit.yaml"
-LIMIT = 0.1  # minutes: 6 s of silence (the process groups' own timeouts: 12 s)
+LIMIT = 0.1  # minutes: 6 s of silence (the collectives' and the store's backstop: the default, a day)
 
 
 def logged_steps(out) -> int:
@@ -26,12 +29,12 @@ def logged_steps(out) -> int:
     return len(path.read_text().splitlines()) if path.is_file() else 0
 
 
-def launch(out, *extra: str) -> tuple[subprocess.Popen, queue.Queue]:
+def launch(out, *extra: str, **env: str) -> tuple[subprocess.Popen, queue.Queue]:
     args = ["data.source=null", f"train.output_dir={out}", "train.steps=100000", "train.log_interval=1",
             "train.eval_interval=100000", "checkpoint.interval=2", "checkpoint.keep_last=1",
             "tracking.enabled=false", f"distributed.timeout_minutes={LIMIT}", *extra]
     proc = subprocess.Popen(torchrun_command("-m", "implicit_megatron.train", TINY, *args), cwd=ROOT,
-                            env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env=child_env(**env), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True)
     lines: queue.Queue = queue.Queue()
     threading.Thread(target=lambda: [lines.put(line) for line in proc.stdout], daemon=True).start()  # type: ignore[union-attr]
@@ -60,9 +63,12 @@ def output_until_exit(proc, lines: queue.Queue, seconds: float) -> tuple[str, fl
 @pytest.mark.distributed
 def test_a_stopped_rank_ends_the_job_naming_it_a_paused_job_goes_on(shakespeare_shards, tmp_path):
     data = f"data.prefixes=[{shakespeare_shards}]"
-    proc, lines = launch(tmp_path, data)
+    proc, lines = launch(tmp_path, data, **faults(slow_step=[1, 4, 18]))  # 3 limits, above gloo's old 12 s
     try:
-        wait_for(lambda: logged_steps(tmp_path) >= 2, proc, 180, "training")
+        wait_for(lambda: logged_steps(tmp_path) >= 5, proc, 180, "training past the slow step")
+        os.kill(proc.pid, signal.SIGSTOP)  # torchrun's agent alone, which holds the rendezvous store
+        time.sleep(9)  # 1.5 limits
+        os.kill(proc.pid, signal.SIGCONT)
         signal_job(proc.pid, signal.SIGSTOP)  # the whole job, launcher included, for longer than the limit
         time.sleep(9)  # 1.5 limits, less than a collective's own 12 s
         signal_job(proc.pid, signal.SIGCONT)

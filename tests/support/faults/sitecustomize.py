@@ -8,6 +8,7 @@ puts this folder on PYTHONPATH and names its faults in TEST_FAULTS (support.proc
     {"crash_before_latest": "free-step12"}  the process dies as a kill would once every rank has
                                          written that checkpoint, before `latest` names it
     {"seconds_per_step": 3}              every micro-batch takes that much longer (a step a stop must wait for)
+    {"slow_step": [1, 4, 20]}            rank 1's step 4 takes 20 s longer (its heartbeat goes on meanwhile)
     {"hold_start_up": true}              rank 0 ends its start-up only once the output folder holds
                                          `stop-requested` (it writes `start-up-held` first, so a test
                                          knows when to ask for the stop); a phase name instead of
@@ -40,6 +41,9 @@ if _FAULTS:
 
         def on_loss(self, step, loss):
             time.sleep(_FAULTS.get("seconds_per_step", 0))
+            slow_rank, slow_step, seconds = _FAULTS.get("slow_step", (None, None, 0))
+            if (int(os.environ.get("RANK", "0")), step) == (slow_rank, slow_step):
+                time.sleep(seconds)
             return loss * float("nan") if step == _FAULTS.get("nan_loss_at_step") else loss
 
         def on_step_losses(self, step, losses):

@@ -1,5 +1,6 @@
 """The stall watch ends a job for a silent rank, never for a slow one, and never for time in which the
-whole job was paused: real processes, each with its own watch on a real TCPStore, stopped with SIGSTOP."""
+whole job was paused or the store's host was suspended and came back: real processes, each with its own
+watch on a real TCPStore, stopped with SIGSTOP."""
 
 from __future__ import annotations
 
@@ -27,7 +28,8 @@ store = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seco
 store.add("ready", 1)
 while store.add("ready", 0) < world:  # together, as init_process_group lets the ranks go
     time.sleep(0.01)
-watch = StallWatch(float(sys.argv[4]), rank, world, store, on_stall=lambda line: (print(line, flush=True), os._exit(1)))
+watch = StallWatch(float(sys.argv[4]), rank, world, store, on_stall=lambda line: (print(line, flush=True), os._exit(1)),
+                   store_minutes=float(sys.argv[5]))
 print("watching", flush=True)
 for step in range(1, 10**6):
     watch.doing(f"step {step}")
@@ -35,9 +37,11 @@ for step in range(1, 10**6):
 """
 
 
-def start(world: int, port: int, minutes: float = LIMIT_MINUTES) -> list[subprocess.Popen]:
+def start(world: int, port: int, minutes: float = LIMIT_MINUTES, store_minutes: float = 1440.0
+          ) -> list[subprocess.Popen]:
     """`world` ranks, started together (as init_process_group lets them go) and each watching."""
-    ranks = [subprocess.Popen([sys.executable, "-c", RANK, str(rank), str(world), str(port), str(minutes)],
+    ranks = [subprocess.Popen([sys.executable, "-c", RANK, str(rank), str(world), str(port), str(minutes),
+                               str(store_minutes)],
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for rank in range(world)]
     for proc in ranks:
         assert proc.stdout is not None and proc.stdout.readline().strip() == "watching", proc.stdout.read()
@@ -74,21 +78,47 @@ def test_a_paused_job_and_slow_steps_go_on_a_silent_rank_is_named():
             proc.wait()
 
 
-@pytest.mark.processes
-def test_a_store_that_stops_answering_is_named_with_its_address():
+def store_host() -> tuple[subprocess.Popen, int]:
     host = subprocess.Popen([sys.executable, "-c", "import sys, time, torch.distributed as d\n"
                              "s = d.TCPStore('127.0.0.1', 0, is_master=True, wait_for_workers=False)\n"
                              "print(s.port, flush=True); time.sleep(600)"],
                             stdout=subprocess.PIPE, text=True)
+    assert host.stdout is not None
+    return host, int(host.stdout.readline())
+
+
+@pytest.mark.processes
+def test_a_suspended_store_host_that_comes_back_ends_nothing():
+    """The launcher that holds the store suspended (SIGSTOP) for 2.5 limits: the ranks' heartbeats wait,
+    nobody is named, and once it answers again the watch goes on (a stopped rank is named again)."""
+    host, port = store_host()
     try:
-        assert host.stdout is not None
-        port = int(host.stdout.readline())
-        ranks = start(2, port)
+        ranks = start(2, port, store_minutes=1.0)
+        os.kill(host.pid, signal.SIGSTOP)
+        time.sleep(6)
+        os.kill(host.pid, signal.SIGCONT)
+        time.sleep(3)
+        assert all(proc.poll() is None for proc in ranks), [p.stdout.read() for p in ranks if p.poll() is not None]
+        os.kill(ranks[1].pid, signal.SIGSTOP)
+        out, _ = ranks[0].communicate(timeout=20)
+        assert out.startswith("[train] error on rank 0 (step ") and "rank 1 has given no sign of life" in out, out
+    finally:
+        for proc in [host, *ranks]:
+            proc.kill()
+            proc.wait()
+
+
+@pytest.mark.processes
+def test_a_store_that_stops_answering_past_the_backstop_is_named_with_its_address():
+    host, port = store_host()
+    try:
+        ranks = start(2, port, store_minutes=0.08)  # 4.8 s: the backstop (distributed.collective_timeout_minutes)
         os.kill(host.pid, signal.SIGSTOP)  # the node holding the store froze: nobody can hear anybody
         outs = [proc.communicate(timeout=30)[0] for proc in ranks]
         for rank, out in enumerate(outs):
             assert out.startswith(f"[train] error on rank {rank} (step "), out
             assert f"the rendezvous store at 127.0.0.1:{port} has not answered for " in out, out
+            assert "distributed.collective_timeout_minutes=0.08" in out, out
     finally:
         host.kill()
         host.wait()
@@ -125,10 +155,10 @@ def test_ranks_that_finish_stop_watching_and_a_world_of_one_has_no_watch():
 def test_the_process_groups_own_timeouts_are_named_in_one_line():
     gloo = RuntimeError("[../third_party/gloo/gloo/transport/tcp/unbound_buffer.cc:81] Timed out waiting 12000ms "
                         "for recv operation to complete")
-    line = name_timeout(gloo, 1, 6.0)
+    line = name_timeout(gloo, 1, 12.0)
     assert line is not None and line.startswith("[train] error on rank 1 (")
-    assert "a collective timed out waiting for the other ranks after 12 minutes" in line
-    assert "raise distributed.timeout_minutes" in line and "Timed out waiting 12000ms" in line
+    assert "a collective timed out waiting for the other ranks after 12 minutes (distributed.collective_timeout" in line
+    assert "raise distributed.collective_timeout_minutes" in line and "Timed out waiting 12000ms" in line
     store = dist.DistStoreError("wait timeout after 600000ms, keys: /default_pg/0//5/rank_0")
     line = name_timeout(store, 0, 10.0)
     assert line is not None and "the rendezvous store timed out" in line and "keys: /default_pg" in line
