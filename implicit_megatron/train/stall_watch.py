@@ -9,8 +9,10 @@ write and one read per rank and period, however many ranks there are. When the n
 heartbeat has not changed for distributed.timeout_minutes, the watch prints one line naming the silent
 rank and what it was doing, and exits 1, which makes the launcher end every rank. The work itself is
 never timed. A store that does not answer says nothing of the ranks (a suspended launcher holds it
-while the ranks train on, their collectives go peer to peer): the watch waits for it as long as the
-backstop (distributed.collective_timeout_minutes) before it ends the job naming the store.
+while the ranks train on, their collectives go peer to peer): while this rank makes progress (its
+section changes) the watch waits for the store as long as the backstop (distributed.collective_timeout_
+minutes); a silent store and a rank that has made no progress for the limit (the store's host lost, its
+ranks with it, the others blocked) end the job naming the store.
 
 Time while this process itself was stopped (SIGSTOP or SIGCONT of the whole job, as a SLURM suspend,
 `docker pause` or Ctrl-Z do) is not counted: the watch sees its own sleep overrun and starts counting
@@ -53,6 +55,7 @@ class StallWatch:
         self.on_stall = on_stall
         self.finished = threading.Event()
         self.what = "start-up"
+        self.progressed = time.monotonic()  # when this rank last said it does something else
         if world < 2:
             return
         if store is None:
@@ -80,6 +83,7 @@ class StallWatch:
         """Say what this rank does from now (e.g. 'step 12'): the next rank names it if this one falls silent."""
         global _section
         self.what = _section = what
+        self.progressed = time.monotonic()
 
     def done(self) -> None:
         """This rank has finished: the previous rank, which watches it, is told so; waits a moment for
@@ -118,13 +122,16 @@ class StallWatch:
             if now - tick > self.period + slack:
                 fresh = now  # this process was stopped (or starved): count afresh
             tick = now
-            if now - max(self.reached, fresh) > self.store_limit:
+            silent, idle = now - max(self.reached, fresh), now - max(self.progressed, fresh)
+            if silent > self.limit and (idle > self.limit or silent > self.store_limit):
                 why = f": {self.error}" if self.error else ""
-                return self._stall(f"the rendezvous store at {self.address} has not answered for "
-                                   f"{now - max(self.reached, fresh):.0f} s (its host or the network is down{why})",
+                stuck = f", and this rank has been in {self.what} for {idle:.0f} s" if idle > self.limit else ""
+                return self._stall(f"the rendezvous store at {self.address} has not answered for {silent:.0f} s{stuck} "
+                                   f"(its host or the network is down{why})",
+                                   None if idle > self.limit else
                                    f"distributed.collective_timeout_minutes={self.store_minutes:g}")
-            if now - max(self.reached, fresh) > self.limit:
-                continue  # no answer, no news of the next rank: its silence is not judged while the store's lasts
+            if silent > self.limit:
+                continue  # no answer, no news of the next rank, this rank goes on: the store's host is suspended
             if now - max(self.heard, fresh) > self.limit:
                 doing = self.said.split(" ", 1)[1] if self.said else "start-up"
                 return self._stall(f"rank {self.neighbour} has given no sign of life for "

@@ -33,15 +33,15 @@ watch = StallWatch(float(sys.argv[4]), rank, world, store, on_stall=lambda line:
 print("watching", flush=True)
 for step in range(1, 10**6):
     watch.doing(f"step {step}")
-    time.sleep(1.0)  # a step far longer than a heartbeat: work is never timed
+    time.sleep(float(sys.argv[6]))  # a step far longer than a heartbeat: work is never timed
 """
 
 
-def start(world: int, port: int, minutes: float = LIMIT_MINUTES, store_minutes: float = 1440.0
-          ) -> list[subprocess.Popen]:
+def start(world: int, port: int, minutes: float = LIMIT_MINUTES, store_minutes: float = 1440.0,
+          step_seconds: float = 1.0) -> list[subprocess.Popen]:
     """`world` ranks, started together (as init_process_group lets them go) and each watching."""
     ranks = [subprocess.Popen([sys.executable, "-c", RANK, str(rank), str(world), str(port), str(minutes),
-                               str(store_minutes)],
+                               str(store_minutes), str(step_seconds)],
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for rank in range(world)]
     for proc in ranks:
         assert proc.stdout is not None and proc.stdout.readline().strip() == "watching", proc.stdout.read()
@@ -109,16 +109,24 @@ def test_a_suspended_store_host_that_comes_back_ends_nothing():
 
 
 @pytest.mark.processes
-def test_a_store_that_stops_answering_past_the_backstop_is_named_with_its_address():
+@pytest.mark.parametrize("case", ["past the backstop", "with no progress"])
+def test_a_store_that_stops_answering_is_named_with_its_address(case):
+    """Past the backstop (distributed.collective_timeout_minutes) while the ranks go on; or past the limit
+    where the ranks make no progress either (the store's host lost with its ranks, the others blocked)."""
     host, port = store_host()
     try:
-        ranks = start(2, port, store_minutes=0.08)  # 4.8 s: the backstop (distributed.collective_timeout_minutes)
+        if case == "past the backstop":
+            ranks = start(2, port, store_minutes=0.08)  # 4.8 s, steps of 1 s
+        else:
+            ranks = start(2, port, step_seconds=60.0)  # a day's backstop, a step that never ends here
         os.kill(host.pid, signal.SIGSTOP)  # the node holding the store froze: nobody can hear anybody
         outs = [proc.communicate(timeout=30)[0] for proc in ranks]
         for rank, out in enumerate(outs):
             assert out.startswith(f"[train] error on rank {rank} (step "), out
             assert f"the rendezvous store at 127.0.0.1:{port} has not answered for " in out, out
-            assert "distributed.collective_timeout_minutes=0.08" in out, out
+            limit = "collective_timeout_minutes=0.08" if case == "past the backstop" else "timeout_minutes=0.04"
+            assert f"distributed.{limit}" in out, out
+            assert (", and this rank has been in step 1 for " in out) == (case == "with no progress"), out
     finally:
         host.kill()
         host.wait()
