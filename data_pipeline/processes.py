@@ -47,10 +47,10 @@ LAST_WORDS_SECONDS = 10.0  # the most `before_exit` may take before the process 
 
 
 def exit_when_gone(pid: int, every: float = 1.0, message: str | None = None,
-                   before_exit: Callable[[], None] | None = None) -> None:
-    """In a worker: a daemon thread that ends this process once `pid` (its feeder) is gone, saying
-    `message` on standard error first, then running `before_exit` (a record the process would have
-    made had it ended its own way; bounded by LAST_WORDS_SECONDS, its failure ignored)."""
+                   before_exit: Callable[[], None] | None = None, code: int = 1) -> None:
+    """In a worker: a daemon thread that ends this process (exit status `code`) once `pid` (its feeder)
+    is gone, saying `message` on standard error first, then running `before_exit` (a record the process
+    would have made had it ended its own way; bounded by LAST_WORDS_SECONDS, its failure ignored)."""
     ticks = start_ticks(pid)
 
     def watch() -> None:
@@ -59,9 +59,9 @@ def exit_when_gone(pid: int, every: float = 1.0, message: str | None = None,
         if message:
             os.write(2, (message + "\n").encode())
         if before_exit is not None:
-            threading.Timer(LAST_WORDS_SECONDS, os._exit, (1,)).start()
+            threading.Timer(LAST_WORDS_SECONDS, os._exit, (code,)).start()
             with contextlib.suppress(BaseException):  # ending is what matters now
                 before_exit()
-        os._exit(1)
+        os._exit(code)
 
     threading.Thread(target=watch, name="exit-when-parent-dies", daemon=True).start()

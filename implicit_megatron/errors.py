@@ -14,6 +14,7 @@ class RunStopped(RuntimeError):
 
 
 REFUSED = 2  # the exit status of a refused launch (as of a config error before any process starts)
+ORPHANED = 3  # the exit status of a rank that ended because its launch is gone (a kill -9): said once, by rank 0
 
 
 def first_line(err: BaseException) -> str:

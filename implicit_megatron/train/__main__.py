@@ -153,24 +153,37 @@ def _exit_with_launcher(launcher: int, tracked_run: tuple[str, str] | None) -> N
     starts the launcher in one of its own, so a kill -9 of the launch's process group leaves them
     training. Watchers end this rank once its launcher, or the pretrain.sh that started it on this
     host, is gone, as preprocessing's workers do (the run lock of a dead rank is taken over by the
-    next launch); rank 0 first records its MLflow run (`tracked_run`: folder and store) as KILLED."""
+    next launch), with exit status ORPHANED, which our torchrun says nothing about. The end is said
+    once, in one line: by rank 0, which records its MLflow run (`tracked_run`: folder and store) as
+    KILLED first."""
     import socket
+    import threading
 
     from data_pipeline.processes import exit_when_gone
+    from implicit_megatron.errors import ORPHANED
 
-    last = functools.partial(_record_killed, *tracked_run) if tracked_run is not None else None
-    exit_when_gone(launcher, message=f"[train] the launcher of this rank (process {launcher}) is gone; exiting",
-                   before_exit=last)
+    rank0, spoken = int(os.environ.get("RANK", "0")) == 0, threading.Lock()
+
+    def last_words(what: str) -> None:
+        if not rank0 or not spoken.acquire(blocking=False):  # one line, whichever watcher sees it first
+            return
+        recorded = ""
+        if tracked_run is not None:
+            from implicit_megatron.tracking.end_run import end_run
+
+            try:
+                recorded = f"; {end_run(Path(tracked_run[0]), 'KILLED', tracked_run[1])}"
+            except Exception as err:  # noqa: BLE001 - the store may be gone with the launch
+                recorded = f"; its MLflow run could not be recorded as KILLED ({type(err).__name__})"
+        print(f"[train] {what} is gone (killed): this launch ends here, what was trained since the last "
+              f"checkpoint is lost{recorded}", file=sys.stderr, flush=True)
+
+    exit_when_gone(launcher, code=ORPHANED,
+                   before_exit=functools.partial(last_words, f"the launcher of the ranks (process {launcher})"))
     script = os.environ.get("IMPLICIT_MEGATRON_LAUNCH_PID")
     if script and os.environ.get("IMPLICIT_MEGATRON_LAUNCH_HOST") == socket.gethostname():
-        exit_when_gone(int(script), message=f"[train] launch/pretrain.sh (process {script}) is gone; exiting",
-                       before_exit=last)
-
-
-def _record_killed(run_dir: str, uri: str) -> None:
-    from implicit_megatron.tracking.end_run import end_run
-
-    print(f"[train] {end_run(Path(run_dir), 'KILLED', uri)}", file=sys.stderr, flush=True)
+        exit_when_gone(int(script), code=ORPHANED,
+                       before_exit=functools.partial(last_words, f"launch/pretrain.sh (process {script})"))
 
 
 def _leave_process_group() -> None:

@@ -333,9 +333,10 @@ def test_sigterm_before_the_ranks_start_ends_the_launch_at_once(shakespeare_shar
 
 @pytest.mark.distributed
 def test_a_killed_launch_leaves_no_rank_training_and_the_next_a_run_of_its_own(shakespeare_shards, tmp_path):
-    """kill -9 of pretrain.sh's process group (torchrun with it) before the first checkpoint: the
-    rank, in a session of its own, notices that its launcher is gone, records its MLflow run as
-    KILLED and ends. The next launch starts from step 0 as a run of its own: in MLflow (its params,
+    """kill -9 of pretrain.sh's process group before the first checkpoint: the rank, in a session of
+    its own, notices that the launch is gone, records its MLflow run as KILLED and ends, and the launch's
+    end is said once, in one line (torchrun, left behind in its session, adds nothing). The next launch
+    starts from step 0 as a run of its own: in MLflow (its params,
     its steps once), metrics.jsonl and TensorBoard nothing of the dead launch is left."""
     import psutil
     from mlflow import MlflowClient
@@ -350,9 +351,13 @@ def test_a_killed_launch_leaves_no_rank_training_and_the_next_a_run_of_its_own(s
              and os.getpgid(p.pid) != proc.pid]  # the rank, not pretrain.sh or torchrun
     assert ranks, "no rank in a session of its own was found"
     os.killpg(proc.pid, signal.SIGKILL)
-    proc.communicate(timeout=30)
+    out, _ = proc.communicate(timeout=30)  # until torchrun, which shares the output, has ended too
     gone, alive = psutil.wait_procs(ranks, timeout=30)
     assert not alive, f"ranks still running after their launcher was killed: {[p.pid for p in alive]}"
+    after = out[out.index("step 2/"):].splitlines()[1:]  # what the launch said once it was killed: one line
+    ends = [line for line in after if "is gone" in line or "torchrun" in line or "Traceback" in line]
+    assert len(ends) == 1 and ends[0].startswith("[train] launch/pretrain.sh (process "), out[-3000:]
+    assert "is gone (killed): this launch ends here" in ends[0] and ends[0].endswith("recorded as KILLED")
     client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
     dead = client.get_run((tmp_path / "mlflow_run_id").read_text().strip())
     assert dead.info.status == "KILLED" and dead.info.end_time is not None

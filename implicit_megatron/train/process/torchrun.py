@@ -6,9 +6,10 @@ It runs torch.distributed.run itself. When a rank fails, torchrun prints a trace
 and a table of every rank's exit around the one line that matters; a rank that refuses to go on
 (a changed data order, a checkpoint that does not fit: exit status 2) has said why in one line
 already. Here the launcher's own messages are dropped and its exit status is the failed rank's: 2
-for a refusal (nothing more is printed), otherwise one line naming the rank, its exit status and
-where to look. SIGTERM still reaches every rank (they save and stop); the launcher then exits
-128 + the signal, which launch/pretrain.sh reads with the ranks' preempted.json.
+for a refusal and 3 for ranks that ended because their launch was killed (nothing more is printed),
+otherwise one line naming the rank, its exit status and where to look. SIGTERM still reaches every
+rank (they save and stop); the launcher then exits 128 + the signal, which launch/pretrain.sh reads
+with the ranks' preempted.json.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from __future__ import annotations
 import logging
 import sys
 
-from implicit_megatron.errors import REFUSED
+from implicit_megatron.errors import ORPHANED, REFUSED
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -32,7 +33,7 @@ def main(argv: list[str] | None = None) -> int:
     except ChildFailedError as err:
         rank, failure = err.get_first_failure()
         code = failure.exitcode if failure.exitcode > 0 else 128 - failure.exitcode
-        if code != REFUSED:
+        if code not in (REFUSED, ORPHANED):  # both said why in one line already
             print(f"torchrun: rank {rank} failed with exit status {failure.exitcode} (its output above says why)",
                   file=sys.stderr, flush=True)
         return code
