@@ -1,6 +1,6 @@
 """A mutation check: small breaks of the core, each of which the tests that guard it must catch.
 
-    python tools/dev/mutation_check.py              # every break (5-7 minutes on 2 CPU cores)
+    python tools/dev/mutation_check.py              # every break (5-10 minutes on 2 CPU cores)
     python tools/dev/mutation_check.py --only solver-stop-rule,phantom-damping
     python tools/dev/mutation_check.py --list
 
