@@ -15,7 +15,7 @@ import sys
 
 import yaml
 
-from implicit_megatron.prelaunch import load_config, notes
+from implicit_megatron.train.curriculum import checked_configs
 from implicit_megatron.utils.typed_yaml import ConfigError, dashed_override
 
 
@@ -35,20 +35,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.config is None:
         parser.error("a config file is required, e.g. configs/quickstart.yaml (overrides are optional)")
-    from implicit_megatron.train.curriculum import needs_own_launches, phase_configs
-
     try:
-        if needs_own_launches(args.config, args.overrides):
-            configs = phase_configs(args.config, args.overrides, world_size=args.world_size,
-                                    check_files=not args.no_file_checks, check_data=not args.no_file_checks)
-        else:
-            configs = [load_config(args.config, args.overrides, world_size=args.world_size,
-                                   check_files=not args.no_file_checks, check_data=not args.no_file_checks)]
+        configs = checked_configs(args.config, args.overrides, args.world_size, check=not args.no_file_checks)
     except ConfigError as err:
         print(f"config error: {err}", file=sys.stderr)
         return 2
-    for note in dict.fromkeys(n for cfg in configs for n in notes(cfg)):
-        print(f"note: {note}", file=sys.stderr)
     if args.get:
         for cfg in configs:
             for key in args.get:

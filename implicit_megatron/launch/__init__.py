@@ -1,5 +1,6 @@
-"""The launch of a run, in Python: what launch/pretrain.sh and launch/curriculum.sh ask before they
-start anything. hostfile.py reads a DeepSpeed hostfile (each mistake one line naming the file and
-line); node_shell.py checks every value and line a launch over several nodes hands another node's
-shell, and writes the environment file DeepSpeed exports to each of them.
+"""The launch of a run, in Python: launch/pretrain.sh and launch/curriculum.sh are its front doors.
+
+pretrain.py runs one launch in order (settings, world, config, launcher, supervision);
+curriculum.py runs a curriculum's phases as launches of their own. Every part is a module of one
+job: environment.py, world.py, hostfile.py, node_shell.py, command.py, supervisor.py.
 """

@@ -1,6 +1,6 @@
 """A DeepSpeed hostfile, read by our own code before DeepSpeed's launcher reads it.
 
-    python -m implicit_megatron.launch.hostfile FILE     -> "PROCESSES MOST_ON_ONE_HOST HOSTS" on stdout
+    read_hostfile(FILE)  -> [Host(name, slots), ...]
 
 One host per line, `HOST slots=N` (N processes on it: GPUs, or CPU processes), `#` comments and blank
 lines ignored: DeepSpeed's format. What DeepSpeed would end in a traceback (a host listed twice, a
@@ -12,7 +12,6 @@ expected, and exit 2, before any process starts.
 from __future__ import annotations
 
 import re
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -61,21 +60,3 @@ def read_hostfile(path: str | Path) -> list[Host]:
     if not hosts:
         raise HostfileError(f"{path}: no host; expected a line 'HOST slots=N' per node")
     return list(hosts.values())
-
-
-def main(argv: list[str] | None = None) -> int:
-    args = sys.argv[1:] if argv is None else argv
-    if len(args) != 1 or args[0] in ("-h", "--help"):
-        print(__doc__.strip().splitlines()[2].strip(), file=sys.stderr)
-        return 0 if args and args[0] in ("-h", "--help") else 2
-    try:
-        hosts = read_hostfile(args[0])
-    except HostfileError as err:
-        print(f"pretrain.sh: HOSTFILE {err}", file=sys.stderr)
-        return 2
-    print(sum(h.slots for h in hosts), max(h.slots for h in hosts), len(hosts))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

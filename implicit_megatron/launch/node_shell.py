@@ -1,14 +1,14 @@
 """Everything a launch over several nodes hands another node's shell, checked by one function.
 
-    python -m implicit_megatron.launch.node_shell check   # before anything starts: exit 2 naming each value
-    python -m implicit_megatron.launch.node_shell write   # the environment file of this launch; prints its path
+    check(environ)                   # before anything starts: LaunchError naming each value
+    write_environment_file(environ)  # the environment file of this launch; its path
 
 Over several nodes (pdsh), DeepSpeed writes `export KEY=VALUE; ... cd DIR; python -m ...` into the
 command every node's shell runs: the variables whose names start with MLFLOW, PYTHON, MV2, UCX or
 NCCL, each `KEY=VALUE` line of its environment file (DS_ENV_FILE, default `.deepspeed_env` in the
 home and the working directory), and the working directory itself. A value with more than
 `[\\w@%+=:,./-]` goes in double quotes, where a shell still runs `$(...)` and backquotes and a `"`
-ends the quoting; the directory goes in bare. launch/pretrain.sh passes its ranks what a rank on one
+ends the quoting; the directory goes in bare. The launch (supervisor.py) passes its ranks what a rank on one
 node gets (FORWARDED: the thread count, the stop file, its own process and host) through an
 environment file of this launch's own, the user's lines first: every one of those values, whatever
 its name, goes through `unsafe_value` too, so nothing from a received environment file, a job script
@@ -19,12 +19,13 @@ from __future__ import annotations
 
 import os
 import re
-import sys
 import tempfile
 from pathlib import Path
 
+from implicit_megatron.launch.environment import PROG, LaunchError
+
 PREFIXES = ("MLFLOW", "PYTHON", "MV2", "UCX", "NCCL")  # DeepSpeed's EXPORT_ENVS and the CUDA/ROCm accelerator's
-# what launch/pretrain.sh hands its ranks on every node through the environment file
+# what the launch hands its ranks on every node through the environment file
 FORWARDED = ("IMPLICIT_MEGATRON_LAUNCHER_STOP_FILE", "IMPLICIT_MEGATRON_LAUNCH_PID", "IMPLICIT_MEGATRON_LAUNCH_HOST",
              "OMP_NUM_THREADS", "TOKENIZERS_PARALLELISM", "DS_ACCELERATOR")
 NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -81,25 +82,17 @@ def environment_file(environ: dict[str, str], home: Path, cwd: Path) -> str:
     return "".join(f"{line}\n" for line in lines)
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = sys.argv[1:] if argv is None else argv
-    if args not in (["check"], ["write"]):
-        print("usage: python -m implicit_megatron.launch.node_shell check|write", file=sys.stderr)
-        return 2
-    environ, home, cwd = dict(os.environ), Path.home(), Path.cwd()
-    found = problems(environ, home, cwd)
-    for problem in found:
-        print(f"pretrain.sh: {problem}; every node's remote shell would read it (DeepSpeed's pdsh launch)",
-              file=sys.stderr)
+def check(environ: dict[str, str]) -> None:
+    """Before anything starts: raise LaunchError naming each value a node's shell would run."""
+    found = problems(environ, Path.home(), Path.cwd())
     if found:
-        return 2
-    if args == ["write"]:
-        handle, name = tempfile.mkstemp(prefix="pretrain-env.", dir=os.environ.get("TMPDIR") or None)
-        with os.fdopen(handle, "w") as out:
-            out.write(environment_file(environ, home, cwd))
-        print(name)
-    return 0
+        raise LaunchError("\n".join(f"{PROG}: {problem}; every node's remote shell would read it (DeepSpeed's pdsh "
+                                     "launch)" for problem in found))
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+def write_environment_file(environ: dict[str, str]) -> str:
+    """This launch's environment file (removed by the launch at its end); its path."""
+    handle, name = tempfile.mkstemp(prefix="pretrain-env.", dir=environ.get("TMPDIR") or None)
+    with os.fdopen(handle, "w") as out:
+        out.write(environment_file(environ, Path.home(), Path.cwd()))
+    return name

@@ -1,4 +1,4 @@
-"""Record the end of a run's MLflow run where its ranks could not: `launch/pretrain.sh` runs
+"""Record the end of a run's MLflow run where its ranks could not: the launch (launch/supervisor.py) calls
 
     python -m implicit_megatron.tracking.end_run RUN_DIR KILLED [TRACKING_URI]
 

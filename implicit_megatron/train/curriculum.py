@@ -17,7 +17,7 @@ from typing import cast
 
 from implicit_megatron.config import Config, PhaseConfig, phase_bounds
 from implicit_megatron.errors import RunRefused
-from implicit_megatron.prelaunch import load_config
+from implicit_megatron.prelaunch import load_config, notes
 from implicit_megatron.utils.typed_yaml import ConfigError, apply_overrides, read_yaml_chain
 
 Bounds = list[tuple[PhaseConfig, int, int]]
@@ -196,6 +196,20 @@ def phase_configs(config: str, overrides: list[str], world_size: int | None = No
             size = (nodes if isinstance(nodes, int) else 1) * launch["processes_per_node"]
         configs.append(load_config(config, [*overrides, f"curriculum.run_phase={phase.get('name')}"],
                                    world_size=size, check_files=check_files, check_data=check_data))
+    return configs
+
+
+def checked_configs(config: str, overrides: list[str], world_size: int | None = None,
+                    check: bool = True) -> list[Config]:
+    """CONFIG as each launch will load it (a curriculum whose phases run as launches of their own:
+    one per phase), its files and data checked with `check`; what a user should know is printed as
+    notes. Raises ConfigError."""
+    if needs_own_launches(config, overrides):
+        configs = phase_configs(config, overrides, world_size=world_size, check_files=check, check_data=check)
+    else:
+        configs = [load_config(config, overrides, world_size=world_size, check_files=check, check_data=check)]
+    for note in dict.fromkeys(n for cfg in configs for n in notes(cfg)):
+        print(f"note: {note}", file=sys.stderr)
     return configs
 
 

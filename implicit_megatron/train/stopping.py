@@ -8,11 +8,11 @@ process at once. Start-up asks
 alone ends there, with nothing saved; ranks of a larger world carry the request to their first step
 and stop together after it (a rank leaving alone left the others waiting for it in the rendezvous,
 as under `srun`, where each task gets the signal at its own moment of the start-up). Once
-training runs, `Preemption` takes over: a SIGTERM, or STOP_FILE written by launch/pretrain.sh
-(which received one itself, at any moment of the launch: the file waits for the first step), asks for
-a stop; the ranks agree on it with the step's one host read
+training runs, `Preemption` takes over: a SIGTERM, or STOP_FILE written by the launch
+(launch/supervisor.py, which received one itself, at any moment of the launch: the file waits for
+the first step), asks for a stop; the ranks agree on it with the step's one host read
 (step_metrics.step_flags), save a checkpoint, and rank 0 writes PREEMPTED_FILE naming it, which
-tells launch/pretrain.sh that the stop was graceful. `train.exit_after_minutes` asks for the same
+tells the launch that the stop was graceful. `train.exit_after_minutes` asks for the same
 stop once that much time has passed since the rank started (Megatron's exit-duration), so that a run
 saves before its allocation ends rather than being killed mid-step.
 """
@@ -28,13 +28,13 @@ from pathlib import Path
 
 from implicit_megatron.utils.safe_write import replace_text
 
-STOP_FILE = "stop-requested"  # in the output folder: stop as SIGTERM would (written by launch/pretrain.sh)
+STOP_FILE = "stop-requested"  # in the output folder: stop as SIGTERM would (written by the launch)
 PREEMPTED_FILE = "preempted.json"  # in the output folder: this launch stopped early, with its checkpoint
-# Set by launch/pretrain.sh for the ranks it starts: it removed the files of earlier launches before
+# Set by the launch (launch/supervisor.py) for the ranks it starts: it removed the files of earlier launches before
 # starting them and writes STOP_FILE when it gets SIGTERM, so a STOP_FILE the ranks find is this launch's.
 LAUNCHER_OWNS_STOP_FILE = "IMPLICIT_MEGATRON_LAUNCHER_STOP_FILE"
 
-# Set by launch/pretrain.sh for a rank it becomes (`exec`) when a SIGTERM came before: the stop is the rank's.
+# Set by the launch for a rank it becomes (`exec`) when a SIGTERM came before: the stop is the rank's.
 STOP_ASKED_BEFORE_START = "IMPLICIT_MEGATRON_STOP_ASKED"
 
 _requested: str | None = None  # what asked for a stop during the start-up (SIGTERM, SIGINT, SIGHUP), if anything
@@ -93,7 +93,7 @@ class Preemption:
     def install(self) -> None:
         """Take over SIGTERM. A stop asked of an earlier launch is not one asked of this one: its
         PREEMPTED_FILE goes, and so does its STOP_FILE where no launcher watches this one (a rank
-        started directly, e.g. by srun). Under launch/pretrain.sh the launcher has removed both before
+        started directly, e.g. by srun). Under the launch (launch/pretrain.sh) it has removed both before
         the ranks started, and a STOP_FILE found now is a stop asked during the start-up: it stays,
         and the first step stops."""
         for signum in REASONS:

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 from support.processes import ROOT, child_env, faults, free_port, signal_job
 
+from implicit_megatron.launch.world import COUNT_GPUS
 from implicit_megatron.tracking.metrics_file import read_metrics
 
 
@@ -55,9 +56,9 @@ def test_torch_counts_gpus_only_where_a_gpu_device_node_exists(nodes, tmp_path):
                              f"train.output_dir={tmp_path / 'run'}"], cwd=ROOT, env=env, capture_output=True,
                             text=True, timeout=120)
     assert result.returncode == 2 and "train.stepz" in result.stderr  # refused by the config check after the count
-    calls = log.read_text().splitlines()
-    assert any("--world-size 1" in call for call in calls), calls
-    assert any("torch.cuda.device_count()" in call for call in calls) == (nodes == "present"), calls
+    calls = log.read_text().splitlines()  # the launch itself, then torch's count in a process of its own
+    assert calls[0].startswith("-m implicit_megatron.launch configs/tiny/mamba2-implicit.yaml"), calls
+    assert calls[1:] == (["-c " + COUNT_GPUS] if nodes == "present" else []), calls
 
 
 def test_several_nodes_pass_the_arguments_as_one_word_that_no_remote_shell_splits(shakespeare_shards, tmp_path):
@@ -307,23 +308,24 @@ def test_sigterm_to_the_script_while_the_rank_starts_stops_after_the_first_step(
 
 @pytest.mark.distributed
 def test_sigterm_before_the_ranks_start_ends_the_launch_at_once(shakespeare_shards, tmp_path):
-    """SIGTERM while pretrain.sh checks the config: no rank starts, the launch ends 0 as a graceful stop."""
-    import psutil
+    """SIGTERM while the launch checks the config: no rank starts, the launch ends 0 as a graceful stop.
+    The signal is sent once the launch (pretrain.sh's exec of implicit_megatron.launch) catches SIGTERM,
+    as the kernel says, which is before it reads the config."""
 
-    def checking() -> bool:
-        for child in psutil.Process(proc.pid).children():
-            try:
-                if "implicit_megatron.config" in " ".join(child.cmdline()):
-                    return True
-            except psutil.Error:  # a child that has just ended
-                continue
-        return False
+    def catching_sigterm() -> bool:
+        try:
+            command = Path(f"/proc/{proc.pid}/cmdline").read_bytes().split(b"\0")
+            status = Path(f"/proc/{proc.pid}/status").read_text()
+        except OSError:
+            return False
+        caught = int(next(line for line in status.splitlines() if line.startswith("SigCgt:")).split()[1], 16)
+        return b"implicit_megatron.launch" in command and bool(caught & (1 << (signal.SIGTERM - 1)))
 
     proc = start(tmp_path, shakespeare_shards)
     deadline = time.time() + 60
-    while not checking():
+    while not catching_sigterm():
         assert proc.poll() is None and time.time() < deadline, proc.stdout.read()[-3000:]
-        time.sleep(0.02)
+        time.sleep(0.005)
     proc.send_signal(signal.SIGTERM)
     out, _ = proc.communicate(timeout=120)
     assert proc.returncode == 0, out[-3000:]

@@ -53,12 +53,14 @@ def environment(node, pid: int) -> dict[str, str]:
 
 
 def script(proc: subprocess.Popen) -> int:
-    """pretrain.sh's process id (as this machine sees it) under the `nsenter` that started it."""
+    """The launch's process id (as this machine sees it) under the `nsenter` that started it:
+    pretrain.sh's, which becomes implicit_megatron.launch's by exec."""
     import psutil
 
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
-        found = [p for p in psutil.Process(proc.pid).children(recursive=True) if "launch/pretrain.sh" in p.cmdline()]
+        found = [p for p in psutil.Process(proc.pid).children(recursive=True)
+                 if "implicit_megatron.launch" in p.cmdline()]
         if found:
             return found[0].pid
         time.sleep(0.05)

@@ -10,7 +10,7 @@ from here, and the message says how to clear it. The lock is released when the r
 
     python -m implicit_megatron.train.process.run_lock OUTPUT_DIR    (exit 2 naming the holder if in use)
 
-is the check launch/pretrain.sh makes before it writes anything.
+is the check the launch (launch/pretrain.py) makes before it writes anything.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from implicit_megatron.launch.hostfile import Host, HostfileError, main, read_hostfile
+from implicit_megatron.launch.hostfile import Host, HostfileError, read_hostfile
 
 
 def test_hosts_slots_comments_and_blank_lines(tmp_path):
@@ -51,12 +51,3 @@ def test_a_missing_binary_or_huge_file_is_named(tmp_path):
     (tmp_path / "big").write_text("a slots=1\n" * 200_000)
     with pytest.raises(HostfileError, match="bytes; a hostfile is a line per node"):
         read_hostfile(tmp_path / "big")
-
-
-def test_the_command_prints_processes_most_on_a_host_and_hosts(tmp_path, capsys):
-    (tmp_path / "h").write_text("a slots=2\nb slots=5\n")
-    assert main([str(tmp_path / "h")]) == 0
-    assert capsys.readouterr().out.split() == ["7", "5", "2"]
-    (tmp_path / "h").write_text("a slots=2\na slots=5\n")
-    assert main([str(tmp_path / "h")]) == 2
-    assert capsys.readouterr().err.startswith(f"pretrain.sh: HOSTFILE {tmp_path / 'h'}:2: ")
