@@ -46,6 +46,7 @@ from implicit_megatron.config import Config
 from implicit_megatron.errors import RunRefused, RunStopped
 from implicit_megatron.tracking.metrics_file import drop_metrics_after
 from implicit_megatron.tracking.run_record import git_state
+from implicit_megatron.train.deepspeed_internals import engine_writes_wrapped
 from implicit_megatron.train.handoff import (
     Source,
     find_source,
@@ -120,13 +121,8 @@ def writes_recorded(engine, failures: list[Exception]):
                 return None
         return attempt
 
-    checkpoint_engine = engine.checkpoint_engine
-    checkpoint_engine.save = recorded(checkpoint_engine.save)
-    engine._copy_recovery_script = recorded(engine._copy_recovery_script)
-    try:
+    with engine_writes_wrapped(engine, recorded):
         yield
-    finally:
-        del checkpoint_engine.save, engine._copy_recovery_script  # the class's own again
 
 
 def data_signature(cfg: Config) -> dict:

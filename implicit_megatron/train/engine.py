@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from implicit_megatron.config import Config
+from implicit_megatron.train.deepspeed_internals import default_group_timeout, without_shm_comm_op
 from implicit_megatron.train.optim import build_optimizer
 from implicit_megatron.utils.lean_imports import import_deepspeed
 
@@ -25,16 +26,9 @@ def init_distributed(cfg: Config) -> None:
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         return
     if not torch.cuda.is_available():
-        # DeepSpeed otherwise compiles a shared-memory op (~90 s) at the first init on CPU.
-        deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
+        without_shm_comm_op()  # DeepSpeed otherwise compiles a shared-memory op (~90 s) at the first init on CPU
     timeout = collective_timeout(cfg)
-    # DeepSpeed makes its own groups (torch.distributed.new_group without a timeout), which take torch's
-    # default (30 minutes); its module-level default is the one place that reaches them.
-    from torch.distributed import distributed_c10d
-
-    distributed_c10d.default_pg_timeout = timeout
-    if hasattr(distributed_c10d, "default_pg_nccl_timeout"):
-        distributed_c10d.default_pg_nccl_timeout = timeout
+    default_group_timeout(timeout)  # DeepSpeed's own groups take torch's default (30 minutes) otherwise
     deepspeed.init_distributed(dist_backend=process_group_backend(cfg), verbose=False, timeout=timeout)
     if torch.cuda.is_available():
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
