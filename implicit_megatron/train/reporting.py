@@ -1,6 +1,7 @@
 """What a run reports: each log interval's training metrics and each validation, agreed over the
-ranks, into the log line, metrics.jsonl, MLflow (rank 0), and past the watches that warn about a
-diverging loss or solves that never converge; and the run's last line."""
+ranks, into the log line, metrics.jsonl and MLflow (rank 0); and the run's last line. The watches
+that warn about a diverging loss or solves that never converge read what `report` returns
+(train/callbacks/warnings.py)."""
 
 from __future__ import annotations
 
@@ -17,7 +18,6 @@ from implicit_megatron.config import Config
 from implicit_megatron.errors import RunStopped
 from implicit_megatron.tracking.metrics_file import METRICS_FILE, append_metrics
 from implicit_megatron.tracking.tracker import Tracker
-from implicit_megatron.train.guards import ConvergenceWatch, DivergenceWatch
 from implicit_megatron.train.log_line import timers_line, training_line, validation_lines, validation_text
 from implicit_megatron.train.step_metrics import reduce_over_ranks
 
@@ -28,8 +28,6 @@ class Reporter:
     def __init__(self, cfg: Config, rank: int, device: torch.device, log) -> None:
         self.cfg, self.rank, self.device, self.log = cfg, rank, device, log
         self.tracker = Tracker(cfg, active=rank == 0)
-        self.convergence = ConvergenceWatch(cfg.train.warn_unconverged_intervals, log)
-        self.divergence = DivergenceWatch(cfg.model.vocab_size, checkpoint_dir(cfg), rank)
         self.last_eval: dict[str, float] = {}
         self.last_eval_step: int | None = None
         self.first_step, self.last_step, self.started = 0, cfg.train.steps, time.monotonic()
@@ -40,11 +38,11 @@ class Reporter:
         self.first_step, self.last_step, self.started = start, end, time.monotonic()
         self.tracker.begin(start, parameters, resumed, dist.get_world_size())
 
-    def report(self, metrics: dict[str, float], step: int, settings=None) -> None:
-        """Training metrics are averaged over the ranks (the solver's residual: the worst rank's);
-        validation results arrive reduced already. `settings`: the solver's, for the watches."""
+    def report(self, metrics: dict[str, float], step: int) -> dict[str, float]:
+        """Training metrics averaged over the ranks (the solver's residual: the worst rank's), as
+        recorded and returned; validation results arrive reduced already."""
         if not metrics:
-            return
+            return {}
         keys = [k for k in MEANS if k in metrics]
         world = dist.get_world_size()
         reduced = {k: v / world for k, v in zip(keys, reduce_over_ranks([metrics[k] for k in keys], self.device))}
@@ -52,11 +50,6 @@ class Reporter:
             (reduced["solver/residual"],) = reduce_over_ranks([metrics["solver/residual"]], self.device,
                                                               dist.ReduceOp.MAX)
         metrics = {**metrics, **reduced, **memory_metrics()}
-        self.convergence.observe(metrics, settings, step)
-        if "train/loss" in metrics:
-            warning = self.divergence.observe(metrics["train/loss"], step)
-            if warning:
-                self.log(warning)
         self._record(metrics, step)
         elapsed = time.monotonic() - self.started
         done = step - self.first_step
@@ -65,6 +58,7 @@ class Reporter:
         timers = {k: v for k, v in metrics.items() if k.startswith("timers/")}
         if timers:
             self.log(timers_line(timers))
+        return metrics
 
     def validation(self, results: dict[str, float], step: int) -> None:
         """Results arrive reduced over the ranks already."""

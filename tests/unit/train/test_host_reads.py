@@ -12,7 +12,7 @@ from support.processes import ROOT
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from implicit_megatron import load_config
-from implicit_megatron.train import loop, step_metrics
+from implicit_megatron.train import loop, step_metrics, train_step
 
 
 class Items(TorchDispatchMode):
@@ -42,7 +42,7 @@ def test_a_bounded_step_reads_the_host_once(one_rank, shakespeare_shards, tmp_pa
                        "tracking.enabled=false", "curriculum.phases=[]", "train.global_batch_size=4",
                        "train.micro_batch_size=2", "data.seq_len=32"], world_size=1)
     calls = {"flags": 0, "reads": 0}
-    monkeypatch.setattr(loop, "step_flags", counted(calls, "flags", step_metrics.step_flags))
+    monkeypatch.setattr(train_step, "step_flags", counted(calls, "flags", step_metrics.step_flags))
     monkeypatch.setattr(step_metrics, "read_on_host", counted(calls, "reads", step_metrics.read_on_host))
     trainer = loop.Trainer(cfg)
     trainer.resume()
