@@ -3,22 +3,21 @@
 Where the files go and what makes a tag complete is implicit_megatron.checkpoints (layout,
 integrity); which checkpoint a launch starts from is train/handoff.py's decision. Here: preparing
 that start before the engine exists (a universal conversion, a weights-only load), the load of a
-tag into the engine (its state, the RNG, the step and data position, refused when the data order
-changed), and the save: the engine's files into `.partial-{tag}` on every rank, then the manifest,
-the rename and `latest` once all are done, and pruning.
+tag into the engine (its state, the RNG; the parts of the run, train/run_state.py, take theirs
+back; refused when the data order changed), and the save of what the parts give: the engine's
+files into `.partial-{tag}` on every rank, then the manifest, the rename and `latest` once all
+are done, and pruning.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
-import random
 import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import cast
 
-import numpy as np
 import torch
 import torch.distributed as dist
 
@@ -55,6 +54,7 @@ from implicit_megatron.train.handoff import (
     resume_tag,
     shape_error,
 )
+from implicit_megatron.train.run_state import DataPosition, RngState, gathered
 from implicit_megatron.utils.safe_write import OUT_OF_ROOM, room_cause_of
 
 
@@ -157,7 +157,7 @@ def save(engine, cfg: Config, tag: str, client_state: dict, val_loss: float | No
             raise failed_writes[0]
         rng_file = folder / partial / f"rng_rank{rank}.pt"
         try:
-            torch.save(_rng_state(), rng_file)
+            torch.save(RngState().state_dict(), rng_file)
         except (OSError, RuntimeError) as err:
             raise _written_to(err, rng_file) from None
     except (OSError, RuntimeError) as err:  # torch reports a full disk as a RuntimeError without errno
@@ -217,7 +217,7 @@ def load(engine, cfg: Config, source: Source, fingerprint=None) -> dict:
         client_state["extended"] = _check_data_signature(cfg, client_state, source.path, fingerprint)
     rng = source.path / f"rng_rank{dist.get_rank()}.pt"
     if source.resuming and cast(Layout, source.saved).world_size == dist.get_world_size() and rng.is_file():
-        _set_rng_state(safe_load.load(rng))
+        RngState().load_state_dict(safe_load.load(rng))
     client_state["loaded_from"] = str(source.path)
     return client_state
 
@@ -253,25 +253,6 @@ def _check_data_signature(cfg: Config, client_state: dict, where: Path, fingerpr
         raise RunRefused(f"{where}: resuming with a changed data order ({detail}) would repeat or skip samples; "
                          "restore those settings or set checkpoint.allow_data_change=true")
     return False
-
-
-def _rng_state() -> dict:
-    """Every generator's state in types a weights-only load builds (numpy's array as a tensor)."""
-    kind, keys, pos, has_gauss, gauss = cast("tuple[str, np.ndarray, int, int, float]", np.random.get_state())
-    numpy_state = (kind, torch.from_numpy(keys.astype(np.int64)), int(pos), int(has_gauss), float(gauss))
-    state = {"python": random.getstate(), "numpy": numpy_state, "torch": torch.get_rng_state()}
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state()
-    return state
-
-
-def _set_rng_state(state: dict) -> None:
-    random.setstate(state["python"])
-    kind, keys, pos, has_gauss, gauss = state["numpy"]
-    np.random.set_state((kind, np.asarray(keys, dtype=np.int64).astype(np.uint32), pos, has_gauss, gauss))
-    torch.set_rng_state(state["torch"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state(state["cuda"])
 
 
 class Checkpointer:
@@ -337,30 +318,31 @@ class Checkpointer:
         of its own, whatever a launch that died before saving left in the folder."""
         return self.source is not None and self.source.folder == checkpoint_dir(self.cfg)
 
-    def resume(self, engine, task, batches, progress) -> dict | None:
-        """Load the prepared start into the engine: the step, samples and (as checkpoint.load_data_state
-        says) the data position go into `progress` and `batches`. Returns the client state (None for a
-        fresh start). The step, and with it the LR schedule, continues across a handoff."""
+    def resume(self, engine, progress, data: DataPosition, phases) -> dict | None:
+        """Load the prepared start into the engine, and give each part of the run its state back:
+        the step and samples to `progress` and (as checkpoint.load_data_state says) the position to
+        `data`, then the phases (curriculum.Phases.resume, at the step resumed). Returns the client
+        state (None for a fresh start). The step, and with it the LR schedule, continues across a
+        handoff."""
         source = self.source
         if source is None:
             self._drop_records_after(0)  # of a launch that died before its first checkpoint
             return None
-        state = load(engine, self.cfg, source, fingerprint=lambda n: task.order_fingerprint(batches, n))
-        p = progress
+        state = load(engine, self.cfg, source, fingerprint=data.fingerprint)
         if "step" in state:  # a model folder (how == "pretrained") starts at step 0
             if source.resuming or self.cfg.curriculum.run_phase is not None or source.load_data_state:
-                p.step, p.consumed_samples = state["step"], state["consumed_samples"]
-                p.consumed_tokens = state["consumed_tokens"]
+                progress.load_state_dict(state)
             if source.load_data_state:
-                data_state = state["data"]
                 if self.cfg.checkpoint.allow_data_change or state.get("extended"):  # the index was rebuilt
-                    data_state = {"consumed_samples": data_state["consumed_samples"]}
+                    data.load_state_dict({"data": {"consumed_samples": state["data"]["consumed_samples"]}})
+                else:
+                    data.load_state_dict(state)
                 if state.get("extended"):
-                    self.log(f"train.steps raised to {self.cfg.train.steps}: the {p.consumed_samples} samples "
+                    self.log(f"train.steps raised to {self.cfg.train.steps}: the {progress.consumed_samples} samples "
                              "already seen come in the same order; extending the run")
-                batches.load_state_dict(data_state)
-        self.log(f"loaded {state['loaded_from']} at step {p.step} ({p.consumed_samples} samples)")
-        self._drop_records_after(p.step)
+        self.log(f"loaded {state['loaded_from']} at step {progress.step} ({progress.consumed_samples} samples)")
+        self._drop_records_after(progress.step)
+        phases.resume(state, progress.step)
         return state
 
     def _drop_records_after(self, step: int) -> None:
@@ -373,14 +355,9 @@ class Checkpointer:
             self.log(f"warning: {Path(self.cfg.output_dir) / 'metrics.jsonl'}: dropped {damaged} line(s) that were no "
                      "whole record (cut by a kill, not UTF-8, or without an integer step)")
 
-    def save(self, engine, progress, batches, task, bounds, val_loss: float | None) -> str:
-        """A checkpoint of this step, tagged `{phase}-step{N}`; returns the tag."""
-        p = progress
-        tag = f"{p.phase}-step{p.step}" if p.phase else f"step{p.step}"
-        client = {"step": p.step, "run_id": self.run_id, "consumed_samples": p.consumed_samples,
-                  "consumed_tokens": p.consumed_tokens,
-                  "phase": p.phase, "phase_bounds": bounds, "data": batches.state_dict(),
-                  "data_fingerprint": task.order_fingerprint(batches, p.consumed_samples)}
-        path = save(engine, self.cfg, tag, client, val_loss, self.before_latest, self.log)
+    def save(self, engine, parts: list, tag: str, val_loss: float | None) -> str:
+        """A checkpoint of this step holding what `parts` give (run_state.gathered); returns the tag."""
+        path = save(engine, self.cfg, tag, {"run_id": self.run_id, **gathered(parts)}, val_loss, self.before_latest,
+                    self.log)
         self.log(f"saved {path}")
         return tag

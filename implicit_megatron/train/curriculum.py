@@ -115,6 +115,10 @@ class Phases:
     def recorded(self) -> list[list]:
         return trained_bounds(self.bounds)
 
+    def state_dict(self) -> dict:
+        """The ranges the run trains with (taken back by `resume`, at the step the run resumed at)."""
+        return {"phase_bounds": self.recorded()}
+
 
 def trained_bounds(bounds: Bounds) -> list[list]:
     """The ranges to record with a checkpoint."""

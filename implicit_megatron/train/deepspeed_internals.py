@@ -23,6 +23,8 @@ import contextlib
 from collections.abc import Callable, Iterator
 from datetime import timedelta
 
+from implicit_megatron.utils.lean_imports import import_deepspeed
+
 CHECKPOINT_ENGINE = "checkpoint_engine"  # engine.checkpoint_engine.save(state_dict, path): every checkpoint file
 RECOVERY_SCRIPT = "_copy_recovery_script"  # engine._copy_recovery_script(save_path): zero_to_fp32.py beside it
 SHM_COMM_OP = "deepspeed_shm_comm"  # a key of deepspeed.ops.__compatible_ops__
@@ -44,6 +46,7 @@ def engine_writes_wrapped(engine, wrap: Callable[[Callable], Callable]) -> Itera
 
 def without_shm_comm_op() -> None:
     """No shared-memory collective op on CPU (gloo does the work; building it costs 90 s)."""
+    import_deepspeed()
     import deepspeed
 
     deepspeed.ops.__compatible_ops__[SHM_COMM_OP] = False

@@ -8,13 +8,13 @@ micro-batches, forward, backward, the solver's statistics); everything else is a
 train/callbacks/, called through its hooks: the phase of a step, reporting and tracking, the
 warnings, a graceful stop, non-finite steps, the loss-jump guard, the validation and checkpoint
 cadences, the stall watch. The loop itself names none of them.
-Everything a step needs to resume exactly (step, consumed samples, data position, RNG) travels in
-the checkpoint's client state; the LR is a function of the global step, so nothing else does.
+Everything a step needs to resume exactly (step, consumed samples, data position, RNG) is given by
+the parts that own it (train/run_state.py) to the checkpoint; the LR is a function of the global
+step, so nothing else is.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -43,7 +43,9 @@ from implicit_megatron.train.engine import build_engine, init_distributed, local
 from implicit_megatron.train.flops import peak_flops_per_device
 from implicit_megatron.train.guards import LossJumpGuard
 from implicit_megatron.train.log_line import validation_text
+from implicit_megatron.train.progress import Progress
 from implicit_megatron.train.reporting import Reporter
+from implicit_megatron.train.run_state import DataPosition
 from implicit_megatron.train.schedule import learning_rate
 from implicit_megatron.train.stall_watch import StallWatch
 from implicit_megatron.train.step_metrics import IntervalMetrics
@@ -52,24 +54,6 @@ from implicit_megatron.train.timers import StepTimers
 from implicit_megatron.train.train_step import StepResult, TrainStep
 from implicit_megatron.train.validation import evaluate
 from implicit_megatron.utils.safe_write import replace_text
-
-
-@dataclass
-class Progress:
-    step: int = 0
-    consumed_samples: int = 0
-    consumed_tokens: int = 0
-    phase: str | None = None
-    nonfinite_steps: int = 0  # in a row; their updates are skipped
-    skipped_steps: int = 0  # non-finite steps of this launch, in all
-
-    def count(self, finite: bool, samples: int, tokens: int) -> None:
-        """One more step trained, of `samples` sequences and `tokens` tokens."""
-        self.step += 1
-        self.consumed_samples += samples
-        self.consumed_tokens += tokens
-        self.nonfinite_steps = 0 if finite else self.nonfinite_steps + 1
-        self.skipped_steps += 0 if finite else 1
 
 
 class Trainer:
@@ -119,6 +103,7 @@ class Trainer:
                               peak_flops_per_device(cfg), sum(p.numel() for p in self.model.core.backbone.parameters()),
                               self.world)
         self.batches = self.task.train_batches(self.rank, self.world, self.step.accum)
+        self.data = DataPosition(self.batches, self.task, self.progress)
         self.last_step = cfg.train.steps  # this launch's (fit sets it)
 
     @property
@@ -128,8 +113,7 @@ class Trainer:
 
     def resume(self) -> None:
         self.stall.doing("start-up: loading the checkpoint")
-        state = self.checkpointer.resume(self.engine, self.task, self.batches, self.progress)
-        self.phases.resume(state, self.progress.step)
+        self.checkpointer.resume(self.engine, self.progress, self.data, self.phases)
 
     def steps_to_train(self) -> tuple[int, int]:
         """This launch's steps, start+1..end: from where it resumed to its phase's or the run's end."""
@@ -199,8 +183,8 @@ class Trainer:
 
     def save(self) -> str:
         with self.interval.paused():
-            return self.checkpointer.save(self.engine, self.progress, self.batches, self.task,
-                                          self.phases.recorded(), self.reporter.val_loss_at(self.progress.step))
+            return self.checkpointer.save(self.engine, [self.progress, self.phases, self.data], self.progress.tag,
+                                          self.reporter.val_loss_at(self.progress.step))
 
     def log(self, message: str) -> None:
         if self.rank == 0:

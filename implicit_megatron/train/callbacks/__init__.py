@@ -13,13 +13,43 @@ to every Trainer started afterwards in this process: the test suite injects its 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
 if TYPE_CHECKING:
-    from implicit_megatron.train.loop import Trainer
+    from implicit_megatron.config import Config
+    from implicit_megatron.models.lm import LanguageModel
+    from implicit_megatron.train.checkpointer import Checkpointer
+    from implicit_megatron.train.curriculum import Phases
+    from implicit_megatron.train.progress import Progress
+    from implicit_megatron.train.reporting import Reporter
+    from implicit_megatron.train.step_metrics import IntervalMetrics
     from implicit_megatron.train.train_step import StepResult
+
+
+class Trainer(Protocol):
+    """What a callback sees of the trainer (train/loop.py's Trainer is one): named here so that the
+    callbacks import nothing of the loop that calls them."""
+
+    cfg: Config
+    engine: Any  # DeepSpeed's engine
+    model: LanguageModel
+    checkpointer: Checkpointer
+    progress: Progress
+    phases: Phases
+    reporter: Reporter
+    interval: IntervalMetrics
+    hooks: Hooks
+    last_step: int
+
+    def evaluate(self) -> dict[str, float]: ...
+
+    def save(self) -> str: ...
+
+    def interval_metrics(self) -> dict[str, float]: ...
+
+    def log(self, message: str) -> None: ...
 
 
 @dataclass

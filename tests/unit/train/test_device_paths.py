@@ -12,10 +12,10 @@ from support.cuda_api import StandInGPU
 from support.processes import ROOT
 
 from implicit_megatron import load_config
-from implicit_megatron.train.checkpointer import _rng_state, _set_rng_state
 from implicit_megatron.train.engine import process_group_backend
 from implicit_megatron.train.flops import peak_flops_per_device
 from implicit_megatron.train.reporting import memory_metrics
+from implicit_megatron.train.run_state import RngState
 from implicit_megatron.train.timers import StepTimers
 
 
@@ -58,12 +58,12 @@ def test_timers_synchronise_the_gpu_at_both_ends_of_each_section_and_only_when_o
 
 
 def test_checkpoints_carry_the_gpu_generator(monkeypatch):
-    assert "cuda" not in _rng_state()
+    assert "cuda" not in RngState().state_dict()
     gpu = StandInGPU().install(monkeypatch)
-    saved = _rng_state()
+    saved = RngState().state_dict()
     assert torch.equal(saved["cuda"], torch.arange(16, dtype=torch.uint8))
     gpu.rng_state = torch.zeros(16, dtype=torch.uint8)  # the generator moves on
-    _set_rng_state(saved)
+    RngState().load_state_dict(saved)
     assert ("set_rng_state",) in gpu.calls and torch.equal(gpu.rng_state, saved["cuda"])
 
 
