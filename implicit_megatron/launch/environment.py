@@ -23,10 +23,12 @@ class LaunchError(Exception):
     """A launch refused before any process starts; the message names the variable or file."""
 
 
-def _count(environ: dict[str, str], name: str) -> int | None:
+def whole_number(environ: dict[str, str], name: str, prog: str = PROG, least: int = 1) -> int | None:
+    """The count `name` holds (None: not set), refused by name unless a whole number >= `least`."""
     value = environ.get(name) or None
-    if value is not None and not (value.isdigit() and int(value) >= 1):
-        raise LaunchError(f"{PROG}: {name}={shlex.quote(value)} is not a whole number of at least 1")
+    if value is not None and not (value.isdigit() and int(value) >= least):
+        raise LaunchError(f"{prog}: {name}={shlex.quote(value)} is not a whole number"
+                          + (f" of at least {least}" if least else ""))
     return None if value is None else int(value)
 
 
@@ -51,7 +53,7 @@ class LaunchEnvironment:
 
     @classmethod
     def read(cls, environ: dict[str, str]) -> LaunchEnvironment:
-        counts = {name: _count(environ, name) for name in COUNTS}
+        counts = {name: whole_number(environ, name) for name in COUNTS}
         addr = environ.get("MASTER_ADDR") or None
         if addr is not None and not ADDRESS.fullmatch(addr):
             raise LaunchError(f"{PROG}: MASTER_ADDR={shlex.quote(addr)} is not a host name or address")
@@ -75,19 +77,19 @@ def slurm_task_rank(environ: dict[str, str]) -> dict[str, str]:
             raise LaunchError(f"{PROG}: {name}={shlex.quote(value)} is not a whole number")
     if int(tasks) <= 1:
         return {}
-    addr = environ.get("MASTER_ADDR") or _first_host(environ.get("SLURM_JOB_NODELIST", ""))
+    addr = environ.get("MASTER_ADDR") or first_host(environ.get("SLURM_JOB_NODELIST", ""))
     return {"RANK": environ["SLURM_PROCID"], "LOCAL_RANK": environ.get("SLURM_LOCALID") or "0", "WORLD_SIZE": tasks,
             "MASTER_ADDR": addr, "MASTER_PORT": environ.get("MASTER_PORT") or "29500"}
 
 
-def _first_host(nodelist: str) -> str:
+def first_host(nodelist: str, prog: str = PROG) -> str:
     """The first host of a SLURM node list (`node[1-4]` -> node1), as scontrol expands it."""
     try:
         shown = subprocess.run(["scontrol", "show", "hostnames", nodelist], capture_output=True, text=True,
                                timeout=60, check=True).stdout.split()
     except (OSError, subprocess.SubprocessError) as err:
-        raise LaunchError(f"{PROG}: SLURM_JOB_NODELIST={shlex.quote(nodelist)}: scontrol could not expand it "
+        raise LaunchError(f"{prog}: SLURM_JOB_NODELIST={shlex.quote(nodelist)}: scontrol could not expand it "
                           f"({type(err).__name__}); set MASTER_ADDR") from None
     if not shown or not ADDRESS.fullmatch(shown[0]):
-        raise LaunchError(f"{PROG}: SLURM_JOB_NODELIST={shlex.quote(nodelist)} names no host; set MASTER_ADDR")
+        raise LaunchError(f"{prog}: SLURM_JOB_NODELIST={shlex.quote(nodelist)} names no host; set MASTER_ADDR")
     return shown[0]

@@ -1,0 +1,114 @@
+"""One SLURM job of pretraining:  python -m implicit_megatron.launch.slurm_job CONFIG [key=value ...]
+
+launch/examples/slurm.sbatch hands over to this on the allocation's first node. The job's counts
+are checked (sbatch's --export=ALL may bring the submitting shell's values where SLURM sets none),
+the rendezvous is the allocation's first node, and `srun` starts one task per GPU (per CPU process
+on nodes without GPUs), each running launch/pretrain.sh as one rank. A run that stopped gracefully
+(preempted.json in its folder, exit 0) requeues its job; a finished or failed one does not.
+
+This runs outside any container (`srun` and `scontrol` are the host's): it imports only the
+standard library, so the host's python3 is enough; the config check and the ranks run in the image
+(CONTAINER) or the checkout's environment.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from implicit_megatron.launch.environment import LaunchError, first_host, whole_number
+from implicit_megatron.train.stopping import PREEMPTED_FILE
+
+PROG = "slurm.sbatch"
+USAGE = "usage: sbatch launch/examples/slurm.sbatch CONFIG [key=value ...]"
+COUNTS = ("SLURM_GPUS_ON_NODE", "SLURM_NTASKS_PER_NODE", "SLURM_JOB_NUM_NODES", "SLURM_CPUS_ON_NODE",
+          "SLURM_CPUS_PER_TASK", "MASTER_PORT")
+
+
+@dataclass(frozen=True)
+class Job:
+    """The tasks of the job and what each is given."""
+
+    per_node: int  # tasks on each node: --ntasks-per-node, else the node's GPUs, else 1
+    world: int  # tasks in all
+    threads: str  # OMP_NUM_THREADS of each task
+    master_addr: str  # the allocation's first node
+    master_port: int
+
+    @classmethod
+    def read(cls, environ: dict[str, str]) -> Job:
+        counts = {name: whole_number(environ, name, PROG, least=0) for name in COUNTS}
+        gpus = counts["SLURM_GPUS_ON_NODE"] or 0
+        per_node = counts["SLURM_NTASKS_PER_NODE"] or max(gpus, 1)
+        cpus = counts["SLURM_CPUS_PER_TASK"] or max(1, (counts["SLURM_CPUS_ON_NODE"] or 1) // per_node)
+        addr = first_host(environ.get("SLURM_JOB_NODELIST", ""), PROG)  # the job's, whatever the submitting shell had
+        return cls(per_node, (counts["SLURM_JOB_NUM_NODES"] or 1) * per_node,
+                   environ.get("OMP_NUM_THREADS") or str(cpus), addr, counts["MASTER_PORT"] or 29500)
+
+    def task_environment(self, environ: dict[str, str]) -> dict[str, str]:
+        env = {**environ, "MASTER_ADDR": self.master_addr, "MASTER_PORT": str(self.master_port),
+               "OMP_NUM_THREADS": self.threads}
+        if environ.get("SLURM_CPUS_PER_TASK"):
+            env["SRUN_CPUS_PER_TASK"] = environ["SLURM_CPUS_PER_TASK"]  # srun does not inherit --cpus-per-task
+        return env
+
+
+def runner(environ: dict[str, str], here: Path) -> tuple[list[str], str]:
+    """How a task runs Python: in the image (CONTAINER, apptainer) or with this checkout's interpreter.
+    APPTAINER_GPU_FLAG: --rocm (default) for the ROCm image, --nv for the CUDA one; empty leaves the
+    host's GPU libraries out (apptainer shares /dev; the ROCm image has its own user-space libraries)."""
+    image = environ.get("CONTAINER")
+    if not image:
+        return [], environ.get("PYTHON") or sys.executable
+    flags = environ.get("APPTAINER_GPU_FLAG", "--rocm").split()
+    return ["apptainer", "exec", *flags, "--bind", str(here), "--pwd", str(here), "--env", "PYTHON=python3",
+            image], "python3"
+
+
+def main(argv: list[str], environ: dict[str, str]) -> int:
+    if not argv or argv[0].startswith("-"):
+        print(USAGE, file=sys.stderr)
+        return 2
+    here = Path.cwd()
+    try:
+        job = Job.read(environ)
+    except LaunchError as err:
+        print(err, file=sys.stderr)
+        return 2
+    run, python = runner(environ, here)
+    # the run's folder, where a graceful stop leaves preempted.json; a bad config ends the job here
+    checked = subprocess.run([*run, python, "-m", "implicit_megatron.config", *argv, "--world-size", str(job.world),
+                              "--get", "output_dir"], stdout=subprocess.PIPE, text=True)
+    if checked.returncode != 0:
+        return checked.returncode
+    output_dir = Path(checked.stdout.strip())
+    asked: list[int] = []  # a stop asked of the job (SIGTERM, SIGHUP) is every rank's graceful stop
+
+    def pass_on(signum, frame) -> None:
+        asked.append(signum)
+        if steps is not None:
+            steps.send_signal(signal.SIGTERM)
+
+    steps: subprocess.Popen | None = None
+    for signum in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, pass_on)
+    steps = subprocess.Popen(["srun", f"--ntasks={job.world}", f"--ntasks-per-node={job.per_node}",
+                              "--kill-on-bad-exit=1", *run, "bash", "launch/pretrain.sh", *argv],
+                             env=job.task_environment(environ))
+    if asked:  # while the config was checked: the ranks stop at their start-up, with a checkpoint
+        steps.send_signal(signal.SIGTERM)
+    rc = steps.wait()
+    preempted = output_dir / PREEMPTED_FILE
+    if rc == 0 and preempted.is_file():
+        job_id = environ.get("SLURM_JOB_ID", "")
+        print(f"{PROG}: stopped gracefully ({preempted.read_text().strip()}); requeueing job {job_id}", flush=True)
+        subprocess.run(["scontrol", "requeue", job_id], check=False)
+    return rc
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:], dict(os.environ)))
