@@ -35,6 +35,7 @@ from implicit_megatron.train.callbacks.phases import PhasesCallback
 from implicit_megatron.train.callbacks.preemption import PreemptionCallback
 from implicit_megatron.train.callbacks.reporting import ReportingCallback
 from implicit_megatron.train.callbacks.stall import StallWatchCallback
+from implicit_megatron.train.callbacks.timers import TimersCallback
 from implicit_megatron.train.callbacks.validation import ValidationCallback
 from implicit_megatron.train.callbacks.warnings import WarningsCallback
 from implicit_megatron.train.checkpointer import Checkpointer
@@ -97,7 +98,7 @@ class Trainer:
             StallWatchCallback(self.stall), PhasesCallback(),
             LossJumpCallback(LossJumpGuard(cfg.checkpoint.max_loss_jump, self.log)), ReportingCallback(),
             WarningsCallback(cfg, self.rank, self.log), PreemptionCallback(preemption), NonFiniteCallback(),
-            ValidationCallback(), CheckpointCallback(), *callbacks.registered()])
+            ValidationCallback(), CheckpointCallback(), TimersCallback(self.timers), *callbacks.registered()])
         eod_id = load_tokenizer(cfg.data.tokenizer).eod_id if cfg.model.separate_documents else None
         self.step = TrainStep(cfg, self.engine, self.model, self.task, self.timers, self.interval, self.hooks, eod_id,
                               peak_flops_per_device(cfg), sum(p.numel() for p in self.model.core.backbone.parameters()),
@@ -173,7 +174,8 @@ class Trainer:
         if not metrics:
             return {}
         metrics.update({"train/lr": learning_rate(self.progress.step - 1, self.cfg),
-                        "train/consumed_samples": self.progress.consumed_samples, **self.timers.read()})
+                        "train/consumed_samples": self.progress.consumed_samples})
+        self.hooks.interval(self, metrics)
         return metrics
 
     def evaluate(self) -> dict[str, float]:

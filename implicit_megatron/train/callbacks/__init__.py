@@ -5,9 +5,10 @@ curriculum's phase of each step), reporting.py (log lines, metrics.jsonl, MLflow
 line), warnings.py (a diverging loss, solves that never converge), preemption.py (a graceful stop:
 signals, the stop file, train.exit_after_minutes), nonfinite.py (skipped updates, the stop after
 too many in a row), loss_jump.py (no checkpoint of a jumped loss), validation.py and
-checkpointing.py (their cadences). `Hooks` calls them in that order. `register` adds a callback
-to every Trainer started afterwards in this process: the test suite injects its faults this way
-(tests/support/faults/sitecustomize.py), so nothing in the project reads fault settings.
+checkpointing.py (their cadences), timers.py (where a step's time went, `train.timers`). `Hooks`
+calls them in that order. `register` adds a callback to every Trainer started afterwards in this
+process: the test suite injects its faults this way (tests/support/faults/sitecustomize.py), so
+nothing in the project reads fault settings.
 """
 
 from __future__ import annotations
@@ -97,6 +98,9 @@ class Callback:
     def on_step_end(self, trainer: Trainer, result: StepResult, control: StepControl) -> None:
         """The step is done (trainer.progress counts it); `control` says what comes next."""
 
+    def on_interval(self, trainer: Trainer, metrics: dict[str, float]) -> None:
+        """A log interval's figures before they are reported: a concern adds its own to `metrics`."""
+
     def on_metrics(self, trainer: Trainer, metrics: dict[str, float], step: int) -> None:
         """A log interval's metrics, agreed over the ranks."""
 
@@ -159,6 +163,9 @@ class Hooks:
             if control.skip_rest or control.ended:
                 break
         return control
+
+    def interval(self, trainer: Trainer, metrics: dict[str, float]) -> None:
+        self._each("on_interval", trainer, metrics)
 
     def metrics(self, trainer: Trainer, metrics: dict[str, float], step: int) -> None:
         self._each("on_metrics", trainer, metrics, step)
