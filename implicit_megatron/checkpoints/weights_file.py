@@ -1,6 +1,7 @@
 """A model folder's weights file, whoever wrote it: one error naming the file where it is not whole (a
-cut download, a crafted header or offsets) or not plain tensors (a pickle that would run code is
-refused before any of it runs), instead of the reader's traceback."""
+cut download, a crafted header or offsets), not plain tensors (a pickle that would run code is
+refused before any of it runs) or not finite (a NaN weight computes nothing but NaN), instead of the
+reader's traceback or a NaN result."""
 
 from __future__ import annotations
 
@@ -21,9 +22,20 @@ def read_safetensors(path: Path) -> dict[str, torch.Tensor]:
     from safetensors.torch import load_file
 
     try:
-        return load_file(str(path))
+        state = load_file(str(path))
     except (SafetensorError, OSError) as err:
         raise WeightsFileError(f"{path}: not a whole safetensors file ({first_line(err)})") from None
+    refuse_nonfinite(state, path)
+    return state
+
+
+def refuse_nonfinite(state: dict[str, torch.Tensor], path: Path | str) -> None:
+    """The first floating-point tensor holding NaN or infinity, named with the file it came from."""
+    for name, tensor in state.items():
+        if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+            bad = int((~torch.isfinite(tensor)).sum())
+            raise WeightsFileError(f"{path}: {name} holds values that are not finite (NaN or inf: {bad} of "
+                                   f"{tensor.numel()}); such weights compute nothing but NaN")
 
 
 def safetensors_shapes(path: Path) -> dict[str, tuple[int, ...]]:
@@ -62,4 +74,5 @@ def read_torch_weights(path: Path) -> dict[str, torch.Tensor]:
     if not isinstance(state, dict) or not all(isinstance(k, str) and isinstance(v, torch.Tensor)
                                               for k, v in state.items()):
         raise WeightsFileError(f"{path}: holds no mapping of tensor names to tensors")
+    refuse_nonfinite(state, path)
     return state

@@ -53,6 +53,15 @@ class ImplicitMegatronForCausalLM(PreTrainedModel, GenerationMixin):
         self._language_model = (lm,)  # a tuple: not registered twice as a submodule
         self.post_init()
 
+    @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path, *args, **kwargs):
+        """transformers' load, then the weights refused where one is not finite (as every reader of ours)."""
+        from implicit_megatron.checkpoints.weights_file import refuse_nonfinite
+
+        model = super().from_pretrained(pretrained_model_name_or_path, *args, **kwargs)
+        refuse_nonfinite(model.state_dict(), Path(str(pretrained_model_name_or_path)) / "model.safetensors")
+        return model
+
     def save_pretrained(self, save_directory, *args, **kwargs) -> None:
         """transformers' save, with the code that exports carry (hf/remote_code.py) instead of this
         module alone, which imports the rest of the package: the folder loads as an export."""

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import pathlib
+import re
 import struct
 
 import pytest
@@ -82,3 +83,33 @@ def test_a_config_that_does_not_describe_the_weights_is_refused_before_the_model
     assert capsys.readouterr().err == (f"generate: {export / 'model.safetensors'}: embedding.weight is "
                                        f"[{rows}, {width}] here, but the model {export / 'config.json'} describes "
                                        f"has [{rows}, 4096]\n")
+
+
+def nan_tensor(export: pathlib.Path) -> str:
+    """An export whose first floating tensor is all NaN: returns its name."""
+    from safetensors.torch import load_file, save_file
+
+    state = load_file(str(export / "model.safetensors"))
+    name = sorted(k for k, v in state.items() if v.is_floating_point())[0]
+    state[name] = torch.full_like(state[name], float("nan"))
+    save_file(state, str(export / "model.safetensors"), metadata={"format": "pt"})
+    return name
+
+
+def test_an_export_with_non_finite_weights_is_refused_naming_the_tensor_and_the_file(tmp_path, capsys):
+    """A NaN weight evaluates to a NaN perplexity with exit 0: refused at load, by every reader."""
+    from transformers import AutoModelForCausalLM
+
+    from implicit_megatron import from_pretrained
+    from implicit_megatron.checkpoints.weights_file import WeightsFileError
+
+    export = write_tiny_export("mamba2-explicit", tmp_path)
+    name = nan_tensor(export)
+    said = f"{export / 'model.safetensors'}: {name} holds values that are not finite (NaN or inf:"
+    with pytest.raises(WeightsFileError, match=re.escape(said)):
+        from_pretrained(export)
+    with pytest.raises(WeightsFileError, match=re.escape(said)):
+        AutoModelForCausalLM.from_pretrained(export)
+    capsys.readouterr()  # transformers' progress bar
+    assert load_tool("generate").main([str(export), "--prompt", "ROMEO:", "--max-new-tokens", "2"]) == 2
+    assert capsys.readouterr().err.startswith(f"generate: {said}")
