@@ -2,14 +2,17 @@
 
 A tool that evaluates for an hour and then cannot write its results, or a launch that starts its
 ranks and then cannot make its run folder, wastes the run; these checks say in one line, before
-anything starts, what stands in the way: a file where a folder is asked for (or the reverse), a file
-among its parents, or a folder this user cannot write (a read-only file system included).
+anything starts, what stands in the way: a name or path longer than a file system takes, a file
+where a folder is asked for (or the reverse), a file among its parents, or a folder this user cannot
+write (a read-only file system included).
 """
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
+
+NAME_MAX, PATH_MAX = 255, 4096  # bytes, Linux's (and most file systems'): a longer one is ENAMETOOLONG
 
 
 def first_unwritable(folder: Path) -> Path | None:
@@ -20,9 +23,29 @@ def first_unwritable(folder: Path) -> Path | None:
     return None if os.access(folder, os.W_OK | os.X_OK) else folder
 
 
+def name_problem(path: Path) -> str | None:
+    """Why no file system takes `path` as a name: a part or the whole too long; None when one does."""
+    longest = max(path.parts, key=lambda part: len(os.fsencode(part)), default="")
+    if len(os.fsencode(longest)) > NAME_MAX:
+        return f"holds a name of {len(os.fsencode(longest))} bytes; a file name is at most {NAME_MAX}"
+    if len(os.fsencode(str(path.absolute()))) >= PATH_MAX:
+        return f"is a path of {len(os.fsencode(str(path.absolute())))} bytes; a path is under {PATH_MAX}"
+    return None
+
+
 def output_problem(path: str | Path, folder: bool) -> str | None:
     """Why `path` cannot be written as a folder (`folder`) or as a file; None when it can."""
     path = Path(path)
+    named = name_problem(path)
+    if named is not None:
+        return named
+    try:
+        return _place_problem(path, folder)
+    except OSError as err:  # a part it cannot look into (EACCES, ELOOP, EIO): said, not a traceback
+        return f"cannot be looked at ({err.strerror or type(err).__name__})"
+
+
+def _place_problem(path: Path, folder: bool) -> str | None:
     if path.exists() and folder and not path.is_dir():
         return "exists and is not a folder"
     if path.exists() and not folder and path.is_dir():

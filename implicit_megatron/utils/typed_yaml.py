@@ -10,6 +10,7 @@ import dataclasses
 import difflib
 import os
 import re
+import stat
 import types
 import typing
 from pathlib import Path
@@ -70,15 +71,7 @@ def read_yaml_chain(path: str | os.PathLike, _seen: tuple[Path, ...] = ()) -> tu
         raise ConfigError(str(path), BASE_KEY, f"circular base chain: {chain}")
     if len(_seen) >= MAX_BASE_DEPTH:
         raise ConfigError(str(_seen[-1]), BASE_KEY, f"a base chain of more than {MAX_BASE_DEPTH} files")
-    if not path.is_file():
-        raise ConfigError(str(path), "", "config file not found")
-    if path.stat().st_size > MAX_CONFIG_BYTES:
-        raise ConfigError(str(path), "", f"{path.stat().st_size} bytes: a config is at most {MAX_CONFIG_BYTES}")
-    try:
-        text = path.read_bytes().decode("utf-8")
-    except UnicodeDecodeError as err:
-        raise ConfigError(str(path), "", f"not UTF-8 text (byte {err.start}): not a YAML config, or damaged") from None
-    data = parse_yaml(text, str(path)) or {}
+    data = parse_yaml(config_text(path), str(path)) or {}
     if not isinstance(data, dict):
         raise ConfigError(str(path), "", f"expected a mapping at the top level, got {type(data).__name__}")
 
@@ -90,6 +83,27 @@ def read_yaml_chain(path: str | os.PathLike, _seen: tuple[Path, ...] = ()) -> tu
         merged, sources = merge(merged, sources, base_data, base_sources)
     own_sources = {key: str(path) for key in leaf_keys(data)}
     return merge(merged, sources, data, own_sources)
+
+
+def config_text(path: Path) -> str:
+    """The text of a config file: a regular file (not a device, a FIFO or a folder) of at most
+    MAX_CONFIG_BYTES, read in UTF-8; anything else one ConfigError naming the file."""
+    try:
+        info = path.stat()
+        if not stat.S_ISREG(info.st_mode):
+            raise ConfigError(str(path), "", "is not a regular file (a config is a YAML file)")
+        with path.open("rb") as f:  # a size the file system reports may be 0 (/proc): read at most the limit
+            raw = f.read(MAX_CONFIG_BYTES + 1)
+    except FileNotFoundError:
+        raise ConfigError(str(path), "", "config file not found") from None
+    except OSError as err:
+        raise ConfigError(str(path), "", f"cannot be read ({err.strerror or type(err).__name__})") from None
+    if len(raw) > MAX_CONFIG_BYTES:
+        raise ConfigError(str(path), "", f"over {MAX_CONFIG_BYTES} bytes: a config is at most {MAX_CONFIG_BYTES}")
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise ConfigError(str(path), "", f"not UTF-8 text (byte {err.start}): not a YAML config, or damaged") from None
 
 
 def leaf_keys(mapping: dict, prefix: str = "") -> list[str]:

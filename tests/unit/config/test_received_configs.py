@@ -68,3 +68,27 @@ def test_trust_switches_from_the_command_line_work_and_are_not_saved(key, tmp_pa
     assert key not in saved["checkpoint"]
     (tmp_path / "config.yaml").write_text(yaml.safe_dump(saved))  # what a run folder keeps
     assert getattr(load_config(tmp_path / "config.yaml").checkpoint, key) is False
+
+
+@pytest.mark.parametrize("base, why", [
+    ("/proc/self/mem", "cannot be read (Input/output error)"),
+    ("/dev/zero", "is not a regular file"),
+    ("/tmp/" + "a" * 300 + ".yaml", "cannot be read (File name too long)"),
+])
+def test_a_base_that_is_no_readable_file_is_refused_naming_it(base, why, tmp_path):
+    path = tmp_path / "received.yaml"
+    path.write_text(f"base: {base}\n")
+    with pytest.raises(ConfigError) as refused:
+        load_config(path, [f"train.output_dir={tmp_path}"])
+    named, said = str(refused.value).split(": ", 1)  # the file as resolved (/proc/self is this process's)
+    assert named.endswith(Path(base).name) and said.startswith(why), str(refused.value)
+
+
+@pytest.mark.parametrize("output_dir, why", [
+    ("{tmp}/" + "b" * 300 + "/run", "holds a name of 300 bytes; a file name is at most 255"),
+    ("{tmp}/" + "/".join(["c" * 200] * 25), "is a path of 5"),
+])
+def test_an_output_dir_no_file_system_takes_is_refused_naming_the_key(output_dir, why, tmp_path):
+    with pytest.raises(ConfigError) as refused:
+        load_config(TINY, [f"train.output_dir={output_dir.format(tmp=tmp_path)}"])
+    assert "train.output_dir" in str(refused.value) and why in str(refused.value), str(refused.value)
