@@ -63,16 +63,19 @@ def write_folder(out: Path, model: LanguageModel, cfg: Config, dtype: torch.dtyp
 
 def tokenizer_to_copy(cfg: Config, given: str | Path | None, places: tuple[Path, ...] = ()) -> Path:
     """The tokenizer file an export copies: `given` as it is; else the config's data.tokenizer when it
-    lies in this repository, the working directory or `places` (the run's folder). A config may be
-    someone else's (a checkpoint's, a --base-config), and a file it names elsewhere may be private:
+    lies in the repository's data/ (a relative name is looked for there too, as the run found it) or
+    in `places` (the run's folder). A config may be someone else's (a checkpoint's, a --base-config),
+    and a file it names elsewhere (the working directory included: a home folder, /) may be private:
     published only when named."""
     if given is not None:
         return Path(given)
     path = Path(cfg.data.tokenizer)
-    if not path.exists() or any(path.resolve().is_relative_to(p.resolve()) for p in (REPOSITORY, Path.cwd(), *places)):
+    if not path.is_absolute() and not path.exists() and (REPOSITORY / path).exists():
+        path = REPOSITORY / path
+    if not path.exists() or any(path.resolve().is_relative_to(p.resolve()) for p in (REPOSITORY / "data", *places)):
         return path
-    raise ValueError(f"data.tokenizer of {cfg.source or 'the config'} names {path}, outside this repository, the "
-                     f"working directory and the run folder: an export copies such a file only when you name it "
+    raise ValueError(f"data.tokenizer of {cfg.source or 'the config'} names {cfg.data.tokenizer}, outside the "
+                     f"repository's data/ and the run folder: an export copies such a file only when you name it "
                      f"(--tokenizer {path})")
 
 

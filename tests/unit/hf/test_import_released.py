@@ -171,9 +171,28 @@ def test_a_received_base_config_naming_a_tokenizer_elsewhere_publishes_it_only_w
     convert = load_tool("convert_checkpoint").main
     args = ["import", str(FIXTURES / "llama"), str(tmp_path / "out"), "--base-config", str(received)]
     assert convert(args) == 2
-    assert f"names {private}, outside this repository, the working directory and the run folder" in \
+    assert f"names {private}, outside the repository's data/ and the run folder" in \
         capsys.readouterr().err
     assert not (tmp_path / "out").exists()
     assert convert([*args, "--tokenizer", str(private)]) == 0
     assert (tmp_path / "out" / "tokenizer.json").is_file() and "tokenizer copied from .../private/tokenizer.json.xz" \
         in capsys.readouterr().out
+
+
+def test_a_tokenizer_in_the_working_directory_is_published_only_when_named(tmp_path, capsys, monkeypatch):
+    """Run from a home folder (or /), a received config naming a file there would have it copied into
+    the export: only the run folder and the repository's data/ are taken without --tokenizer."""
+    import shutil
+
+    from support.tools import load_tool
+
+    home = tmp_path / "home"
+    home.mkdir()
+    shutil.copy(ROOT / "data/tokenizers/gpt-neox-20b.json.xz", home / "private.json.xz")
+    received = home / "received.yaml"
+    received.write_text(f"base: {ROOT / 'configs/tiny/llama-implicit.yaml'}\ndata: {{tokenizer: private.json.xz}}\n")
+    monkeypatch.chdir(home)
+    args = ["import", str(FIXTURES / "llama"), str(tmp_path / "out"), "--base-config", str(received)]
+    assert load_tool("convert_checkpoint").main(args) == 2
+    assert "names private.json.xz, outside the repository's data/ and the run folder" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
