@@ -6,11 +6,13 @@ are those of the real (inductor) compile, without generating code, which takes m
 
 from __future__ import annotations
 
+import pytest
 import torch
 import torch._dynamo
 from torch._dynamo.utils import counters
 
 
+@pytest.mark.slow  # over 10 s on 2 cores: the full tier runs it
 def test_a_deep_stack_compiles_once_per_variant_and_equals_eager(arch, make_model):
     model = make_model(arch, "implicit.weight_norm=true", "model.n_layers=24", contractive=True).train()
     eager = make_model(arch, "implicit.weight_norm=true", "model.n_layers=24", contractive=True).train()

@@ -49,6 +49,7 @@ def test_a_failed_capture_frees_the_graphs_runs_eagerly_and_says_why(make_model,
         assert not model.core.graphs.cache and not torch.cuda.is_current_stream_capturing()
 
 
+@pytest.mark.slow  # over 10 s on 2 cores: the full tier runs it
 def test_graphs_evicted_for_many_shapes_never_read_stale_weights(make_model):
     """Training at one length between evaluations at six others (solver rule, each length twice,
     in one order and then in the other) fills the graph cache past its limit: the shapes' graphs are

@@ -3,6 +3,7 @@ numbers are the benchmarks' to report, not the suite's)."""
 
 from __future__ import annotations
 
+import pytest
 from support.tools import load_tool
 
 
@@ -17,6 +18,7 @@ def test_the_serving_table_has_a_row_per_batch_and_start(exports, capsys):
     assert [r[-2] for r in rows[-2:]] == ["1.00", "1.00"]  # the explicit model: one pass per token
 
 
+@pytest.mark.slow  # over 10 s on 2 cores: the full tier runs it
 def test_the_warm_start_table_compares_three_starts(exports, capsys):
     tool = load_tool("bench_warm_start")
     assert tool.main([str(exports["mamba2-implicit"]), "--prompts", "2", "--new-tokens", "3"]) == 0

@@ -33,6 +33,7 @@ def test_help_and_a_machine_without_a_gpu():
         "gpu_check: no GPU on this machine (torch.cuda.is_available() is False); nothing to check"]
 
 
+@pytest.mark.slow  # over 10 s on 2 cores: the full tier runs it
 def test_the_graph_and_collective_checks_pass_on_the_emulation():
     tool = gpu_check_tool()
     with emulated():
