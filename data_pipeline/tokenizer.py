@@ -88,7 +88,9 @@ def _hf(path: Path, eod_token: str | None) -> Tokenizer:
     except Exception as err:  # tokenizers raises a bare Exception on malformed files
         raise ValueError(f"{path}: not a valid tokenizer.json: {err}") from None
     _check_speed(backend, path)
-    tok = Tokenizer(backend, "hf", backend.get_vocab_size(with_added_tokens=True), -1, str(path))
+    # the span of its ids, not its count of entries: an entry may be mapped past the others (id 10^6)
+    span = max([*backend.get_vocab(with_added_tokens=True).values(), -1]) + 1
+    tok = Tokenizer(backend, "hf", max(span, backend.get_vocab_size(with_added_tokens=True)), -1, str(path))
     tok.eod_id = _find_eod(tok, eod_token)
     return tok
 

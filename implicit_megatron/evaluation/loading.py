@@ -93,7 +93,8 @@ def load_model(path: str | Path, device: str | torch.device = "cpu", dtype: torc
 
 
 def load_run_tokenizer(cfg: Config, export_folder: Path | None = None):
-    """The run's tokenizer: the copy inside an export, else data.tokenizer (from here or the repository)."""
+    """The run's tokenizer: the copy inside an export, else data.tokenizer (from here or the repository);
+    refused where its ids go past the model's vocabulary."""
     from data_pipeline.tokenizer import load_tokenizer
 
     named = Path(cfg.data.tokenizer)
@@ -103,6 +104,11 @@ def load_run_tokenizer(cfg: Config, export_folder: Path | None = None):
     candidates += [named, REPO_ROOT / named]
     for candidate in candidates:
         if candidate.exists():
-            return load_tokenizer(candidate)
+            tokenizer = load_tokenizer(candidate)
+            if tokenizer.vocab_size > cfg.model.vocab_size:  # its ids would index past the embedding
+                raise ValueError(f"{candidate}: token ids up to {tokenizer.vocab_size - 1}, past the model's "
+                                 f"vocabulary of {cfg.model.vocab_size} (model.vocab_size): not this model's "
+                                 "tokenizer, or a damaged one")
+            return tokenizer
     raise FileNotFoundError(f"tokenizer {cfg.data.tokenizer} not found (looked in "
                             f"{', '.join(str(c) for c in candidates)})")

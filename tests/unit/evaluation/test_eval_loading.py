@@ -67,3 +67,20 @@ def test_a_missing_data_prefix_is_refused_clearly(tmp_path):
         check_prefix(str(tmp_path / "nowhere" / "neox"))
     with pytest.raises(FileNotFoundError, match="no test shards for prefix"):
         check_prefix(str(tmp_path / "neox"))
+
+
+def test_a_tokenizer_with_ids_past_the_models_vocabulary_is_refused_at_load(tmp_path):
+    """An entry of the export's tokenizer.json mapped past 10^6 loaded, then ended in the embedding's
+    IndexError when its token came up: the largest id is checked against model.vocab_size at load."""
+    import json
+
+    from support.tiny_exports import write_tiny_export
+
+    export = write_tiny_export("mamba2-explicit", tmp_path)
+    raw = json.loads((export / "tokenizer.json").read_text())
+    vocab = raw["model"]["vocab"]
+    vocab[next(token for token, i in vocab.items() if i == 300)] = 10**6
+    (export / "tokenizer.json").write_text(json.dumps(raw))
+    with pytest.raises(ValueError, match=rf"^{export / 'tokenizer.json'}: token ids up to 1000000, past the model's "
+                                         r"vocabulary of \d+ \(model.vocab_size\)"):
+        load_model(export)
