@@ -22,6 +22,10 @@ class UnknownTokenError(ValueError):
     """A token asked for by its text is not in the vocabulary."""
 
 
+class TokenizerFailed(ValueError):
+    """The tokenizer's own code failed on a text (its regex engine's panic), named with its file."""
+
+
 @dataclass
 class Tokenizer:
     """Batch encode/decode with a known vocabulary size and end-of-document id."""
@@ -33,11 +37,18 @@ class Tokenizer:
     path: str
 
     def encode_batch(self, texts: list[str]) -> list[list[int]]:
-        if self.kind == "hf":
-            # encode_batch_fast skips character offsets, which nothing here uses (about 15 % faster)
-            encode = getattr(self.backend, "encode_batch_fast", self.backend.encode_batch)
+        if self.kind != "hf":
+            return self.backend.encode(texts, out_type=int)
+        # encode_batch_fast skips character offsets, which nothing here uses (about 15 % faster)
+        encode = getattr(self.backend, "encode_batch_fast", self.backend.encode_batch)
+        try:
             return [enc.ids for enc in encode(texts, add_special_tokens=False)]
-        return self.backend.encode(texts, out_type=int)
+        except BaseException as err:  # the Rust library's panic (a regex's retry limit) is no Exception
+            if type(err).__name__ != "PanicException":
+                raise
+            raise TokenizerFailed(f"{self.path}: the tokenizer failed on this text ({first_line(err)}): a "
+                                  "regex of its normalizer or pre-tokenizer gives up on it; not a usable "
+                                  "tokenizer") from None
 
     def encode(self, text: str) -> list[int]:
         return self.encode_batch([text])[0]

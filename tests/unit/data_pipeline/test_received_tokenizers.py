@@ -55,3 +55,20 @@ def test_a_tokenizer_slower_than_the_limit_is_refused_by_name(monkeypatch):
     monkeypatch.setattr(tokenizers, "SPEED_LIMIT_S", 0.0)  # any encode takes longer than nothing
     with pytest.raises(ValueError, match=rf"^{BUNDLED}: encoding a \d+-character sample took [\d.]+ s"):
         load_tokenizer(BUNDLED)
+
+
+def test_a_regex_that_gives_up_only_on_some_text_is_one_named_error_at_encode(tmp_path):
+    """A pre-tokenizer regex that backtracks only on long runs of `=` passes the load's speed probe;
+    the regex engine's panic (a BaseException from the Rust library) becomes one error naming the file."""
+    import json
+
+    raw = json.loads(lzma.decompress((ROOT / "data/tokenizers/shakespeare-bpe-1000.json.xz").read_bytes()))
+    split = {"type": "Split", "pattern": {"Regex": "(=+)+x"}, "behavior": "Isolated", "invert": False}
+    raw["pre_tokenizer"] = {"type": "Sequence", "pretokenizers": [split, raw["pre_tokenizer"]]}
+    path = tmp_path / "tokenizer.json"
+    path.write_text(json.dumps(raw))
+    tok = load_tokenizer(path)
+    assert tok.decode(tok.encode("ROMEO: a=b")) == "ROMEO: a=b"
+    said = rf"^{path}: the tokenizer failed on this text \(PanicException: Onig"
+    with pytest.raises(tokenizers.TokenizerFailed, match=said):
+        tok.encode("a" + "=" * 40 + "b")
