@@ -94,7 +94,7 @@ def load_model(path: str | Path, device: str | torch.device = "cpu", dtype: torc
 
 def load_run_tokenizer(cfg: Config, export_folder: Path | None = None):
     """The run's tokenizer: the copy inside an export, else data.tokenizer (from here or the repository);
-    refused where its ids go past the model's vocabulary."""
+    refused where its ids go past a language model's vocabulary."""
     from data_pipeline.tokenizer import load_tokenizer
 
     named = Path(cfg.data.tokenizer)
@@ -105,7 +105,8 @@ def load_run_tokenizer(cfg: Config, export_folder: Path | None = None):
     for candidate in candidates:
         if candidate.exists():
             tokenizer = load_tokenizer(candidate)
-            if tokenizer.vocab_size > cfg.model.vocab_size:  # its ids would index past the embedding
+            # its ids would index past the embedding (a word problem's model reads no text: no tokenizer ids)
+            if cfg.task.kind == "language_model" and tokenizer.vocab_size > cfg.model.vocab_size:
                 raise ValueError(f"{candidate}: token ids up to {tokenizer.vocab_size - 1}, past the model's "
                                  f"vocabulary of {cfg.model.vocab_size} (model.vocab_size): not this model's "
                                  "tokenizer, or a damaged one")

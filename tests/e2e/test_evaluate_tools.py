@@ -121,9 +121,26 @@ def test_a_missing_data_prefix_is_refused(tiny_run, tmp_path):
     assert "no test shards for prefix" in result.stderr and "Traceback" not in result.stderr
 
 
-def test_data_beyond_the_models_vocabulary_is_refused_naming_both(shakespeare_shards, imported):
-    """The released fixture (64 tokens), imported, then evaluated on shards of a 1000-token BPE (another
-    tokenizer, allowed: the token ids are what is refused)."""
+def test_data_beyond_the_models_vocabulary_is_refused_naming_both(shakespeare_shards, imported, tmp_path):
+    """The released fixture (64 tokens), imported with a tokenizer of its size, then evaluated on shards
+    of a 1000-token BPE (another tokenizer, allowed: the token ids are what is refused). Its own
+    tokenizer (GPT-NeoX's, 50,277 ids) is refused at load: ids past the model's vocabulary."""
+    import shutil
+
+    from tokenizers import Tokenizer
+    from tokenizers.models import WordLevel
+    from tokenizers.pre_tokenizers import Whitespace
+
+    refused = tool("evaluate", imported, "--data", shakespeare_shards, "--tasks", "ppl", "--seq-lens", "16",
+                   "--max-windows", "4", "--allow-tokenizer-mismatch")
+    assert refused.returncode == 2 and refused.stderr == (
+        f"evaluate: {imported / 'tokenizer.json'}: token ids up to 50276, past the model's vocabulary of 64 "
+        "(model.vocab_size): not this model's tokenizer, or a damaged one\n")
+    folder = Path(shutil.copytree(imported, tmp_path / "imported"))
+    words = Tokenizer(WordLevel({"<|endoftext|>": 0, "<unk>": 1, **{f"w{i}": i for i in range(2, 64)}}, "<unk>"))
+    words.pre_tokenizer = Whitespace()
+    words.save(str(folder / "tokenizer.json"))
+    imported = folder
     assert json.loads((imported / "config.json").read_text())["implicit_megatron"]["name"] == "llama"
     result = tool("evaluate", imported, "--data", shakespeare_shards, "--tasks", "ppl", "--seq-lens", "16",
                   "--max-windows", "4", "--allow-tokenizer-mismatch")
