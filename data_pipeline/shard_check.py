@@ -5,7 +5,7 @@ missing part (without naming the file), and an index whose sizes were changed tr
 tokens without a word. `check_shard` reads the header and the three arrays (memory-mapped: no
 token is read) and refuses, naming the file, anything that does not add up:
 
-- the header: megatron-core's magic bytes, version 1, a dtype code it knows;
+- the header: megatron-core's magic bytes, version 1, a dtype code it knows, of integers;
 - the `.idx` size equals what its header's counts imply;
 - every document length is non-negative, every pointer is the previous one plus the previous
   length times the dtype's size (from 0), the last document ends exactly at the end of the `.bin`;
@@ -60,6 +60,9 @@ def check_shard(prefix: str) -> ShardInfo:
         raise ShardError(f"{idx}: index version {version}; megatron-core reads version 1")
     if code not in DTYPES:
         raise ShardError(f"{idx}: unknown token dtype code {code}")
+    if not np.issubdtype(DTYPES[code], np.integer):
+        raise ShardError(f"{idx}: token dtype code {code} is {np.dtype(DTYPES[code]).name}; token ids are integers "
+                         "(not a token shard, or its header was edited)")
     expected = HEADER_BYTES + 12 * sequences + 8 * documents
     if size != expected:
         raise ShardError(f"{idx}: {size} bytes, but its header ({sequences} sequences, {documents} document "

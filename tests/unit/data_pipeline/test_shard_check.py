@@ -161,3 +161,16 @@ def test_the_command_that_finishes_a_build_is_quoted_and_holds_no_control_charac
     assert shlex.split(command) == ["python", "-m", "data_pipeline.preprocess", "--input", "a b.jsonl",
                                     "$(touch marker).jsonl", "--tokenizer", "tok[2J;rm -rf ~", "--output-prefix",
                                     "data/x", "--text-key", "tx"]
+
+
+@pytest.mark.parametrize("code", [6, 7])
+def test_an_index_whose_dtype_says_floats_is_refused_by_name(shards, code):
+    """A `.idx` whose dtype code says float64 (or float32) passed where the `.bin`'s size fit, and
+    evaluation ended in a cast error naming no shard: token ids are integers."""
+    idx = Path(shards + "_train.idx")
+    raw = bytearray(idx.read_bytes())
+    raw[17] = code  # after the magic (9) and the version (8)
+    idx.write_bytes(bytes(raw))
+    name = {6: "float64", 7: "float32"}[code]
+    for err in (refused_before_launch(shards).message, str(refused_at_open(shards))):
+        assert f"{idx}: token dtype code {code} is {name}; token ids are integers" in err
