@@ -3,6 +3,7 @@ of the job passed to its tasks, and that it needs only the standard library (the
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -84,12 +85,17 @@ def test_a_stop_asked_of_the_job_stops_its_tasks_gracefully_and_requeues(tmp_pat
     env = child_env(PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}", OUT=str(tmp_path), SLURM_JOB_ID="77",
                     SLURM_JOB_NODELIST="node001", SLURM_JOB_NUM_NODES="2", PYTHON=str(bin_dir / "python"))
     job = subprocess.Popen([sys.executable, "-m", "implicit_megatron.launch.slurm_job", "configs/tiny/x.yaml", "a=1"],
-                           cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 60
-    while not (tmp_path / "started").exists() and time.monotonic() < deadline and job.poll() is None:
-        time.sleep(0.05)
-    job.send_signal(signal.SIGHUP)
-    out, err = job.communicate(timeout=60)
+                           cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                           start_new_session=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not (tmp_path / "started").exists() and time.monotonic() < deadline and job.poll() is None:
+            time.sleep(0.05)
+        job.send_signal(signal.SIGHUP)
+        out, err = job.communicate(timeout=30)
+    finally:  # the stand-in srun loops until its SIGTERM: nothing of the job outlives the test
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(job.pid, signal.SIGKILL)
     assert job.returncode == 0, err
     assert (tmp_path / "srun-args").read_text().split() == [
         "--ntasks=2", "--ntasks-per-node=1", "--kill-on-bad-exit=1", "bash", "launch/pretrain.sh",
