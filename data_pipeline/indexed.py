@@ -8,6 +8,7 @@ megatron-core is imported lazily: it is slow to import and only the writer and r
 from __future__ import annotations
 
 import glob
+import hashlib
 import os
 import re
 import warnings
@@ -118,6 +119,27 @@ def append_document_range(builder: Any, source_prefix: str, lengths: np.ndarray,
     first = len(builder.sequence_lengths)
     builder.sequence_lengths.extend(lengths[start:end].tolist())
     builder.document_indices.extend(range(first + 1, first + 1 + end - start))
+
+
+class HashingWriter:
+    """The builder's `.bin` file, hashed as it is written: a shard's sha256 costs no second read."""
+
+    def __init__(self, file: Any) -> None:
+        self.file, self.sha, self.bytes = file, hashlib.sha256(), 0
+
+    def write(self, data: Any) -> int:
+        self.sha.update(data)
+        self.bytes += memoryview(data).nbytes
+        return self.file.write(data)
+
+    def flush(self) -> None:
+        self.file.flush()
+
+    def fileno(self) -> int:
+        return self.file.fileno()
+
+    def close(self) -> None:
+        self.file.close()
 
 
 def finalize(builder: Any, idx_path: str) -> None:

@@ -9,10 +9,12 @@ garbage collection, which costs a quarter of a second each once torch is loaded)
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from data_pipeline.indexed import (
+    HashingWriter,
     append_document_range,
     document_lengths,
     existing_outputs,
@@ -20,9 +22,19 @@ from data_pipeline.indexed import (
     megatron_indexed,
     split_prefix,
 )
+from data_pipeline.shard_check import file_sha256
 
 TMP = ".tmp"
 UNCAPPED = 2**62  # tokens: one shard per split
+
+
+@dataclass
+class MergedSplit:
+    """The shard prefixes of one split and, by file name, each file's size and sha256 (`_stats.json`
+    records them: `python -m data_pipeline.shard_check --verify` compares)."""
+
+    shards: list[str] = field(default_factory=list)
+    files: dict[str, dict] = field(default_factory=dict)
 
 
 class _ShardSequence:
@@ -31,6 +43,7 @@ class _ShardSequence:
     def __init__(self, prefix: str, split: str, dtype: type[np.integer], sharded: bool) -> None:
         self.prefix, self.split, self.dtype, self.sharded = prefix, split, dtype, sharded
         self.done: list[str] = []
+        self.files: dict[str, dict] = {}
         self.builder = None
         self.tokens = 0
 
@@ -39,12 +52,18 @@ class _ShardSequence:
             _, builder_cls = megatron_indexed()
             name = self._name(len(self.done))
             self.builder = builder_cls(name + ".bin" + TMP, dtype=self.dtype)
+            self.builder.data_file = HashingWriter(self.builder.data_file)
         return self.builder
 
     def close_current(self) -> None:
         if self.builder is not None:
             name = self._name(len(self.done))
+            written = self.builder.data_file
             finalize(self.builder, name + ".idx" + TMP)
+            base = os.path.basename(name)
+            self.files[base + ".bin"] = {"bytes": written.bytes, "sha256": written.sha.hexdigest()}
+            self.files[base + ".idx"] = {"bytes": os.path.getsize(name + ".idx" + TMP),
+                                         "sha256": file_sha256(name + ".idx" + TMP)}  # small: 12 bytes a document
             self.done.append(name)
             self.builder = None
             self.tokens = 0
@@ -71,8 +90,8 @@ class _ShardSequence:
 
 
 def merge_split(parts: list[str], prefix: str, split: str, dtype: type[np.integer],
-                max_shard_tokens: int | None) -> list[str]:
-    """Concatenate `parts` (partial-file prefixes) into `{prefix}_{split}[_{k:05d}]`; returns them.
+                max_shard_tokens: int | None) -> MergedSplit:
+    """Concatenate `parts` (partial-file prefixes) into `{prefix}_{split}[_{k:05d}]`.
 
     With `max_shard_tokens`, a shard is closed before a document that would overflow it (a single
     longer document gets a shard of its own); documents are never cut.  A split without documents
@@ -84,7 +103,7 @@ def merge_split(parts: list[str], prefix: str, split: str, dtype: type[np.intege
     shards = _ShardSequence(prefix, split, dtype, sharded=max_shard_tokens is not None)
     try:
         _copy_documents(parts, shards, cap)
-        return shards.publish()
+        return MergedSplit(shards.publish(), shards.files)
     except BaseException:  # a full disk, an interrupt: no half-written file is left behind
         shards.discard()
         raise

@@ -28,8 +28,8 @@ Semantics (megatron-core's GPTDataset, which builds and caches the indices):
   shards by their token counts; None: in proportion to tokens) with megatron-core's
   deterministic blending index, built in memory.
 - Everything depends only on (shards, seq_len, seed, num_samples): every rank and every restart
-  sees the same sample i.  Index files are cached in `cache_dir` (default `index_cache_dir`:
-  `index-cache` next to the first prefix, or this user's cache where the shards are read-only);
+  sees the same sample i.  Index files are cached in `cache_dir` (default: this user's cache,
+  data_pipeline.index_cache; an `index-cache/` beside the shards is never read);
   with torch.distributed initialised, rank 0 builds them first and the other ranks wait at a
   barrier, so call this on all ranks (a rank that does not see rank 0's cache builds its own).
 """
@@ -46,17 +46,16 @@ from typing import Any
 import numpy as np
 
 from data_pipeline.batches import DistributedBatchIterator
+from data_pipeline.index_cache import index_cache_dir, prepare_index_cache, say_received_ignored
 from data_pipeline.indexed import find_shards, import_megatron
 from data_pipeline.locking import exclusive_lock
-from data_pipeline.shard_check import check_build, check_shard
+from data_pipeline.shard_check import ShardReadError, check_build, check_shard
 from data_pipeline.splits import SPLITS
 
 BLEND_SURPLUS = 0.005  # extra samples built per shard so the blend never runs short (megatron's default)
-__all__ = ["PackedDataset", "build_packed_dataset", "build_eval_datasets", "DistributedBatchIterator"]
+__all__ = ["PackedDataset", "build_packed_dataset", "build_eval_datasets", "DistributedBatchIterator",
+           "ShardReadError", "index_cache_dir"]
 
-
-class ShardReadError(ValueError):
-    """A shard could not be indexed or read; the message names its prefix."""
 
 
 class PackedDataset:
@@ -135,6 +134,7 @@ def build_packed_dataset(prefixes: Sequence[str], weights: Sequence[float] | Non
         per_shard = [math.ceil(math.ceil(num_samples * w) * (1 + BLEND_SURPLUS)) for w in shard_weights]
     keep = [i for i, n in enumerate(one_epoch) if n > 0 and per_shard[i] != 0]
     config = _config(prefixes, shards, split, seq_len, seed, index_cache_dir(prefixes, cache_dir))
+    say_received_ignored(prefixes, config.path_to_cache)
     parts = _build_in_rank_order(lambda: [_gpt_dataset(shards[i], split, per_shard[i], config) for i in keep],
                                  config.path_to_cache)
     names = [shards[i] for i in keep]
@@ -144,25 +144,6 @@ def build_packed_dataset(prefixes: Sequence[str], weights: Sequence[float] | Non
         return PackedDataset(parts, seq_len, sum(len(p) for p in parts), _exhaustive_blend(parts), names)
     return PackedDataset(parts, seq_len, num_samples,
                          _weighted_blend(parts, [shard_weights[i] for i in keep], num_samples), names)
-
-
-def index_cache_dir(prefixes: Sequence[str], cache_dir: str | None = None) -> str:
-    """Where the packed-sample index cache goes: `cache_dir` when given; else `index-cache` beside the
-    first prefix's shards when that folder takes files; else (shards on a read-only file system, as
-    shared cluster datasets usually are) a folder of this user's cache named after the shards' folder.
-    A folder not made yet (shards still to be built from data.source) takes files where its nearest
-    existing parent does."""
-    if cache_dir:
-        return cache_dir
-    folder = os.path.dirname(os.path.abspath(prefixes[0]))
-    beside = existing = os.path.join(folder, "index-cache")
-    while not os.path.isdir(existing) and os.path.dirname(existing) != existing:
-        existing = os.path.dirname(existing)
-    if os.access(existing, os.W_OK | os.X_OK):
-        return beside
-    user_cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    named = hashlib.sha256(folder.encode()).hexdigest()[:16]
-    return os.path.join(user_cache, "implicit-megatron", "index-cache", named)
 
 
 def build_eval_datasets(prefixes: Sequence[str], split: str, seq_lens: Sequence[int], seed: int,
@@ -282,37 +263,11 @@ def _gpt_dataset(shard: str, split: str, num_samples: int | None, config: Any) -
                              f"(it checks every shard), or remove the index cache {config.path_to_cache}") from None
 
 
-def check_index_cache(cache_dir: str) -> None:
-    """Refuse an index cache that could run code or write elsewhere. megatron-core reads its cached
-    arrays with numpy.load(allow_pickle=True) and reuses a cache whose file names anyone can compute
-    from the shards, so a cache that came with received shards could hold a pickle: every .npy must
-    be a plain array (read here with allow_pickle=False, its header only), and neither the folder
-    nor anything in it a link (the lock would be created, the arrays read, at its target)."""
-    if os.path.islink(cache_dir):
-        raise ShardReadError(f"{cache_dir}: the index cache is a symbolic link; remove it (it is rebuilt)")
-    if not os.path.isdir(cache_dir):
-        return
-    for entry in os.scandir(cache_dir):
-        if entry.is_symlink():
-            raise ShardReadError(f"{entry.path}: a symbolic link in the index cache; remove {cache_dir} "
-                                 "(it is rebuilt)")
-        if not (entry.is_file(follow_symlinks=False) or entry.is_dir(follow_symlinks=False)):
-            raise ShardReadError(f"{entry.path}: not a regular file (a FIFO or a device); remove it")
-        if entry.name.endswith(".npy"):
-            try:
-                np.load(entry.path, mmap_mode="r", allow_pickle=False)
-            except (ValueError, OSError, EOFError) as err:
-                raise ShardReadError(f"{entry.path}: not a plain array ({err}); an index cache holds nothing "
-                                     f"else, and this one was not written here: remove {cache_dir} "
-                                     "(it is rebuilt)") from None
-
-
 def _build_in_rank_order(build, cache_dir: str) -> Any:
     """Build under a file lock; with torch.distributed up, rank 0 first (it writes the cache)."""
     import torch.distributed as dist
 
-    check_index_cache(cache_dir)
-    os.makedirs(cache_dir, exist_ok=True)
+    prepare_index_cache(cache_dir)
     lock = os.path.join(cache_dir, ".lock")
     if not (dist.is_available() and dist.is_initialized()):
         with exclusive_lock(lock):

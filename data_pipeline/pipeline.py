@@ -82,9 +82,11 @@ def _run_locked(plan: Plan) -> dict:
     if not total.documents and not total.skipped.get("unreadable_file"):
         shutil.rmtree(plan.work_dir)
         raise PreprocessError(_no_documents(plan, total))
-    shards = {split: merge_split([str(p / split) for p in parts], plan.prefix, split, plan.dtype,
+    merged = {split: merge_split([str(p / split) for p in parts], plan.prefix, split, plan.dtype,
                                  plan.config.max_shard_tokens) for split in SPLITS}
+    shards = {split: merged[split].shards for split in SPLITS}
     stats = _stats(plan, total, total.minus(before), shards, len(parts), reused, time.monotonic() - started)
+    stats["files"] = {name: record for split in SPLITS for name, record in merged[split].files.items()}
     # An input that could not be read to its end leaves the build incomplete: a rerun (after the input
     # is repaired) rebuilds from the parts before it instead of calling the shards finished.
     stats["incomplete"] = bool(total.skipped.get("unreadable_file"))

@@ -54,20 +54,17 @@ def check(cfg: Config, check_files: bool = True, check_data: bool = False) -> No
 def notes(cfg: Config) -> list[str]:
     """What a user should know before the launch that is not an error (the pre-launch check prints
     them): a plan that reads the training data more than once; a valid split too short to validate;
-    where the packed-sample index cache goes when the shards' folder takes no files."""
+    an index cache beside the shards, which is not read."""
     if cfg.task.kind != "language_model" or not cfg.data.prefixes:
         return []
     found = [note for note in (epochs_warning(cfg), validation_note(cfg)) if note is not None]
-    if cfg.data.index_cache is not None:
-        return found
-    from data_pipeline.packed import index_cache_dir
+    from data_pipeline.index_cache import index_cache_dir, received_caches
 
-    where = index_cache_dir(cfg.data.prefixes)
-    beside = os.path.join(os.path.dirname(os.path.abspath(cfg.data.prefixes[0])), "index-cache")
-    if where != beside:
-        found.append(f"the shards of data.prefixes[0] are in a folder this user cannot write "
-                     f"({os.path.dirname(beside)}): their packed-sample index cache goes to {where} "
-                     f"(data.index_cache names another place)")
+    where = index_cache_dir(cfg.data.prefixes, cfg.data.index_cache)
+    for beside in received_caches(cfg.data.prefixes, where):
+        found.append(f"{beside} is not read (an index cache beside the shards may have come with them and could "
+                     f"hold anything): their packed-sample indices are built in {where} (data.index_cache names "
+                     "another place)")
     return found
 
 
@@ -165,6 +162,10 @@ def validate_data(cfg: Config, fail) -> None:
 
     for i, prefix in enumerate(cfg.data.prefixes):
         key = f"data.prefixes[{i}]"
+        try:
+            check_build(prefix, cfg.data.verify_shards)
+        except ShardError as err:
+            fail(key, str(err))
         for split in ("train", "valid"):
             try:
                 shards = find_shards(prefix, split)
@@ -184,7 +185,6 @@ def validate_data(cfg: Config, fail) -> None:
                           f"{prefix} --append-eod")
             tokens = 0
             try:
-                check_build(prefix)
                 for shard in shards:
                     tokens += check_shard(shard).tokens
             except ShardError as err:
@@ -199,6 +199,21 @@ def validate_data(cfg: Config, fail) -> None:
                           f"(data.seq_len + 1 = {cfg.data.seq_len + 1})")
         if not cfg.data.allow_tokenizer_mismatch:
             check_shard_tokenizer(cfg, prefix, fail)
+    check_cache_folder(cfg, fail)
+
+
+def check_cache_folder(cfg: Config, fail) -> None:
+    """The packed-sample index cache, where there is one, is this user's and holds plain arrays only
+    (data_pipeline.index_cache), checked before any process starts."""
+    from data_pipeline.index_cache import check_index_cache, index_cache_dir
+    from data_pipeline.shard_check import ShardReadError
+
+    cache = index_cache_dir(cfg.data.prefixes, cfg.data.index_cache)
+    if os.path.lexists(cache):
+        try:
+            check_index_cache(cache)
+        except ShardReadError as err:
+            fail("data.index_cache", str(err))
 
 
 def check_shard_tokenizer(cfg: Config, prefix: str, fail) -> None:

@@ -41,9 +41,19 @@ def pytest_configure(config):
     is installed (the multi-node tier's packages bring it): do it here, before any test, or the
     first unmarked test that draws a plot would be refused for starting that process. Once, in the
     controller, before pytest-xdist starts its workers."""
+    original = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    os.environ.setdefault("HF_HOME", str(original / "huggingface"))  # these stay where they are when
+    os.environ.setdefault("MPLCONFIGDIR", str(original / "matplotlib"))  # _a_user_cache_of_its_own moves it
     if not hasattr(config, "workerinput"):
         with contextlib.suppress(ImportError):
             import matplotlib.font_manager  # noqa: F401 - builds or reads the font list cache
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _a_user_cache_of_its_own(tmp_path_factory):
+    """The packed-sample index cache is in the user's cache (data_pipeline.index_cache): the suite's
+    is its own, so that a run of it neither reads nor fills the machine's."""
+    os.environ["XDG_CACHE_HOME"] = str(tmp_path_factory.mktemp("user-cache"))
 
 
 def pytest_collection_modifyitems(config, items):
@@ -207,7 +217,7 @@ def _signal_state() -> dict[str, list[str]]:
 @pytest.fixture(scope="session")
 def shakespeare_shards(tmp_path_factory) -> str:
     """The bundled corpus tokenized with the tiny configs' 1000-token BPE: a shard prefix (train/valid/test),
-    built once per test run; read-only (the sample-index caches beside it are built under a lock)."""
+    built once per test run; read-only (their sample-index caches are in the user's cache)."""
 
     def preprocess(folder: Path) -> None:
         subprocess.run([sys.executable, "-m", "data_pipeline.preprocess", "--input",

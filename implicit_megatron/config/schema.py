@@ -122,9 +122,12 @@ class DataConfig:
     source: str | None = None  # raw text to build missing shards from (the quickstart corpus)
     # train although data.tokenizer is not the tokenizer the shards were built with (their _stats.json)
     allow_tokenizer_mismatch: bool = False
-    # the packed-sample index cache; null: index-cache/ beside the shards where that folder takes files,
-    # else (read-only shards) under $XDG_CACHE_HOME (~/.cache)/implicit-megatron/index-cache/
+    # the packed-sample index cache, a folder of this user's; null: under $XDG_CACHE_HOME
+    # (~/.cache)/implicit-megatron/index-cache/ (an index-cache/ beside the shards is never read)
     index_cache: str | None = None
+    # the pre-launch check reads every shard file and compares its sha256 with the one {prefix}_stats.json
+    # records (a flipped bit is seen); costs one read of the data (~1-2 GB/s: minutes for the Pile)
+    verify_shards: bool = False
 
 
 @dataclass

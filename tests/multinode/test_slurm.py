@@ -49,7 +49,7 @@ def test_a_sigterm_at_start_up_or_mid_run_stops_every_rank_and_the_requeued_job_
         slurm.skip_requeue_delay(job)
         return False
 
-    slurm.wait_until(resumed_and_training, "the requeued job's steps", 180, every=1)
+    slurm.wait_until(resumed_and_training, "the requeued job's steps", 300, every=1)
     slurm.run("scancel", "--signal=TERM", str(job))
     info = slurm.wait_for(job, ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL"), 300, skip_delay=True)
     text = log.read_text()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from collections import Counter
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -239,17 +240,21 @@ def test_a_failed_read_names_the_shard(tmp_path, monkeypatch):
         [stale[i] for i in range(len(stale))]
 
 
-def test_the_index_cache_goes_beside_shards_still_to_be_built(tmp_path, monkeypatch):
-    """Shards built on first use (data.source) have no folder yet: its parent decides, not the user cache."""
+def test_the_index_cache_is_this_users_wherever_the_shards_are(tmp_path, monkeypatch):
+    """Shards still to be built (data.source), in a folder this user writes or in one it cannot: the
+    cache is in the user's cache, made for this user alone; data.index_cache names another place."""
     from data_pipeline.packed import index_cache_dir
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "user-cache"))
-    prefix = tmp_path / "cache" / "shakespeare" / "neox"
-    assert index_cache_dir([str(prefix)]) == str(prefix.parent / "index-cache")
     (tmp_path / "locked").mkdir(mode=0o500)
-    if os.access(tmp_path / "locked", os.W_OK):
-        pytest.skip("this user writes anywhere (root)")
-    assert index_cache_dir([str(tmp_path / "locked" / "new" / "neox")]).startswith(str(tmp_path / "user-cache"))
+    for prefix in (tmp_path / "cache" / "shakespeare" / "neox", tmp_path / "locked" / "new" / "neox"):
+        assert index_cache_dir([str(prefix)]).startswith(str(tmp_path / "user-cache" / "implicit-megatron"))
+    assert index_cache_dir([str(tmp_path / "a")], str(tmp_path / "mine")) == str(tmp_path / "mine")
+    write_unique_token_shard(str(tmp_path / "a_train"), document_lengths_summing_to(200))
+    build_packed_dataset([str(tmp_path / "a")], None, "train", SEQ, seed=1)
+    made = index_cache_dir([str(tmp_path / "a")])
+    assert os.stat(made).st_mode & 0o777 == 0o700 and list(Path(made).glob("*.npy"))
+    assert not (tmp_path / "index-cache").exists()
 
 
 def test_a_token_id_past_the_vocabulary_is_refused_naming_the_shards_and_the_sample():

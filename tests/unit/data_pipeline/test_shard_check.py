@@ -3,6 +3,7 @@ mistyped prefix are refused naming the file, never trained on."""
 
 from __future__ import annotations
 
+import json
 import shutil
 import struct
 from pathlib import Path
@@ -13,7 +14,8 @@ import pytest
 from data_pipeline.build import builds_from_source
 from data_pipeline.indexed import document_lengths
 from data_pipeline.packed import build_packed_dataset
-from data_pipeline.shard_check import HEADER_BYTES, ShardError, check_shard
+from data_pipeline.shard_check import HEADER_BYTES, ShardError, check_shard, file_sha256
+from data_pipeline.shard_check import main as shard_check_main
 from implicit_megatron import load_config
 from implicit_megatron.utils.typed_yaml import ConfigError
 
@@ -174,3 +176,57 @@ def test_an_index_whose_dtype_says_floats_is_refused_by_name(shards, code):
     name = {6: "float64", 7: "float32"}[code]
     for err in (refused_before_launch(shards).message, str(refused_at_open(shards))):
         assert f"{idx}: token dtype code {code} is {name}; token ids are integers" in err
+
+
+def stats_of(prefix: str) -> dict:
+    return json.loads(Path(prefix + "_stats.json").read_text())
+
+
+def flip_a_bit(path: Path) -> None:
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0x10
+    path.write_bytes(bytes(data))
+
+
+def test_every_shard_files_sha256_is_recorded_and_verify_sees_a_flipped_bit(shards, capsys):
+    """The digests are taken while the files are written; a flipped bit keeps every size and every
+    offset, so only a digest sees it: `shard_check --verify` and data.verify_shards do, naming it."""
+    files = stats_of(shards)["files"]
+    folder = Path(shards).parent
+    assert set(files) == {p.name for p in folder.glob(Path(shards).name + "_*") if p.suffix in (".bin", ".idx")}
+    for name, record in files.items():
+        assert record == {"bytes": (folder / name).stat().st_size, "sha256": file_sha256(str(folder / name))}
+    assert shard_check_main([shards, "--verify"]) == 0 and "digests verified" in capsys.readouterr().out
+    data = Path(shards + "_train.bin")
+    flip_a_bit(data)
+    assert shard_check_main([shards]) == 0
+    load_config(TINY, [f"data.prefixes=[{shards}]", "data.source=null"], check_data=True)
+    assert shard_check_main(["--verify", shards]) == 1
+    said = capsys.readouterr().err
+    assert said.startswith(f"error: {data}: its content is not what {shards}_stats.json records"), said
+    assert f"{data}: its content is not what" in refused_before_launch(shards, "data.verify_shards=true").message
+
+
+def test_a_shard_file_added_or_replaced_after_the_build_is_refused_by_name(shards):
+    for ext in (".bin", ".idx"):
+        shutil.copy(shards + "_train" + ext, shards + "_train_00007" + ext)
+    added = f"{shards}_train_00007.bin: a shard file that {shards}_stats.json does not list"
+    assert added in refused_before_launch(shards).message and added in str(refused_at_open(shards))
+    for ext in (".bin", ".idx"):
+        Path(shards + "_train_00007" + ext).unlink()
+        shutil.copy(shards + "_test" + ext, shards + "_valid" + ext)  # whole shards, other sizes
+    replaced = f"{shards}_valid.bin: "
+    err = refused_before_launch(shards).message
+    assert err.startswith(replaced) and f"but {shards}_stats.json records" in err
+
+
+def test_stats_without_digests_check_by_shard_and_verify_says_there_is_nothing_to_verify(shards, capsys):
+    stats = stats_of(shards)
+    del stats["files"]
+    Path(shards + "_stats.json").write_text(json.dumps(stats))
+    assert shard_check_main([shards]) == 0
+    assert shard_check_main([shards, "--verify"]) == 1
+    assert "records no digests of its shard files" in capsys.readouterr().err
+    stats["files"] = {"../../../etc/passwd": {"bytes": 1, "sha256": "0" * 64}}
+    Path(shards + "_stats.json").write_text(json.dumps(stats))
+    assert "'../../../etc/passwd', not a shard file of" in refused_before_launch(shards).message

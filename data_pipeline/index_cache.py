@@ -1,0 +1,131 @@
+"""Where megatron-core's packed-sample index cache lives, and what is read from it.
+
+megatron-core keys its cached arrays by a hash of the shards' identity (their `.idx` content and
+`.bin` sizes, see packed._DataIdentity), reads them with numpy.load(allow_pickle=True), and writes
+them with open(path, "wb"), through whatever a name there points at. So a cache is as trusted as
+the folder it sits in:
+
+- By default it is this user's: `$XDG_CACHE_HOME/implicit-megatron/index-cache/` (`~/.cache`),
+  made with mode 0700. An `index-cache/` beside the shards (written by older versions, or by
+  whoever sent the shards) is never read nor written; a note says so once per process.
+- `data.index_cache` names another folder; it is used only when it is this user's and not writable
+  by others.
+- Before megatron-core reads anything, every entry of the folder is checked: no symbolic or hard
+  link, no FIFO or device, every `.npy` a plain integer array (read with allow_pickle=False), every
+  shuffle index a permutation and every sample index in order, so a cache garbled or edited by
+  hand is refused by name instead of training on other samples.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import stat
+import sys
+from collections.abc import Sequence
+
+import numpy as np
+
+from data_pipeline.shard_check import ShardReadError
+
+BESIDE = "index-cache"  # the folder name older versions wrote beside the shards
+_SAID: set[str] = set()
+
+
+def index_cache_dir(prefixes: Sequence[str], cache_dir: str | None = None) -> str:
+    """`cache_dir` (data.index_cache) when given; else a folder of this user's cache named after the
+    first prefix's shards folder (the file names in it are keyed by the shards' content)."""
+    if cache_dir:
+        return cache_dir
+    folder = os.path.dirname(os.path.abspath(prefixes[0]))
+    user_cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    named = hashlib.sha256(folder.encode()).hexdigest()[:16]
+    return os.path.join(user_cache, "implicit-megatron", "index-cache", named)
+
+
+def received_caches(prefixes: Sequence[str], cache_dir: str) -> list[str]:
+    """The `index-cache/` folders beside the prefixes' shards that are not `cache_dir`: never used."""
+    found = []
+    for prefix in prefixes:
+        beside = os.path.join(os.path.dirname(os.path.abspath(prefix)), BESIDE)
+        if os.path.lexists(beside) and os.path.abspath(cache_dir) != beside and beside not in found:
+            found.append(beside)
+    return found
+
+
+def say_received_ignored(prefixes: Sequence[str], cache_dir: str) -> None:
+    """One line per process and folder: the cache beside the shards is not what this run reads."""
+    for beside in received_caches(prefixes, cache_dir):
+        if beside not in _SAID:
+            _SAID.add(beside)
+            print(f"note: {beside}: not read (an index cache that came with the shards could hold anything); "
+                  f"the packed-sample indices are built in {cache_dir}", file=sys.stderr)
+
+
+def prepare_index_cache(cache_dir: str) -> None:
+    """Make `cache_dir` (mode 0700) or check the one there, and everything in it, before use."""
+    if not os.path.lexists(cache_dir):
+        try:
+            os.makedirs(cache_dir, mode=0o700, exist_ok=True)
+        except OSError as err:
+            raise ShardReadError(f"{cache_dir}: cannot make the packed-sample index cache ({err.strerror}); set "
+                                 "data.index_cache to a folder of yours") from None
+    check_index_cache(cache_dir)
+
+
+def check_index_cache(cache_dir: str) -> None:
+    """Refuse, by name, a cache folder others could write, and any entry megatron-core should not read."""
+    if os.path.islink(cache_dir):
+        raise ShardReadError(f"{cache_dir}: the index cache is a symbolic link; remove it (it is rebuilt)")
+    if not os.path.isdir(cache_dir):
+        raise ShardReadError(f"{cache_dir}: the index cache is not a folder; remove it or set data.index_cache")
+    info = os.stat(cache_dir)
+    if info.st_uid != os.getuid():
+        raise ShardReadError(f"{cache_dir}: the index cache is owned by user {info.st_uid}, not by this user "
+                             f"({os.getuid()}); set data.index_cache to a folder of yours")
+    if info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        raise ShardReadError(f"{cache_dir}: the index cache is writable by other users (mode "
+                             f"{stat.S_IMODE(info.st_mode):o}); chmod go-w it, or set data.index_cache to a "
+                             "folder of yours")
+    for entry in os.scandir(cache_dir):
+        _check_entry(entry, cache_dir)
+
+
+def _check_entry(entry: os.DirEntry, cache_dir: str) -> None:
+    again = f"remove {cache_dir} (it is rebuilt)"
+    if entry.is_symlink():
+        raise ShardReadError(f"{entry.path}: a symbolic link in the index cache; {again}")
+    if entry.is_dir(follow_symlinks=False):
+        return  # megatron-core writes no folders; one left here is never read
+    if not entry.is_file(follow_symlinks=False):
+        raise ShardReadError(f"{entry.path}: not a regular file (a FIFO or a device); remove it")
+    if entry.stat(follow_symlinks=False).st_nlink > 1:
+        raise ShardReadError(f"{entry.path}: a hard link (another name shares its content, and megatron-core "
+                             f"would write through it); {again}")
+    if entry.name.endswith(".npy"):
+        _check_array(entry.path, again)
+
+
+def _check_array(path: str, again: str) -> None:
+    try:
+        array = np.load(path, mmap_mode="r", allow_pickle=False)
+    except (ValueError, OSError, EOFError) as err:
+        raise ShardReadError(f"{path}: not a plain array ({err}); an index cache holds nothing else: "
+                             f"{again}") from None
+    if not isinstance(array, np.ndarray) or not np.issubdtype(array.dtype, np.integer) or array.ndim not in (1, 2):
+        raise ShardReadError(f"{path}: not a plain array of integers ({type(array).__name__}); an index cache holds "
+                             f"nothing else: {again}")
+    if path.endswith("shuffle_index.npy") and not _is_permutation(array):
+        raise ShardReadError(f"{path}: not a permutation of its {len(array)} samples (garbled or edited); {again}")
+    if path.endswith("sample_index.npy") and (array.ndim != 2 or np.any(np.diff(array[:, 0]) < 0)):
+        raise ShardReadError(f"{path}: sample boundaries out of order (garbled or edited); {again}")
+
+
+def _is_permutation(array: np.ndarray) -> bool:
+    """Every index 0..n-1 once, in one pass (n bytes; the Pile's 150 M samples take well under a second)."""
+    n = len(array)
+    if n and (array.min() < 0 or array.max() >= n):
+        return False
+    seen = np.zeros(n, dtype=bool)
+    seen[array] = True
+    return bool(seen.all())
