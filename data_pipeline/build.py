@@ -13,7 +13,8 @@ import os
 from pathlib import Path
 
 from data_pipeline.pipeline import PreprocessConfig, run_preprocess
-from data_pipeline.plan import file_sha256
+from data_pipeline.shard_check import file_sha256
+from data_pipeline.shard_tokenizer import matches_record, tokenizer_record
 from data_pipeline.tokenizer import load_tokenizer
 
 
@@ -98,9 +99,12 @@ def _write_record(path: str, identity: dict) -> None:
 
 
 def _check_tokenizer(stats_path: str, tokenizer: str) -> None:
+    """The shards' recorded tokenizer is `tokenizer`: the same identity (what it does), or for
+    stats written before the identity, the same file (sha256)."""
     with open(stats_path) as handle:
-        built_with = json.load(handle).get("tokenizer_sha256")
-    path = load_tokenizer(tokenizer).path  # the file, when `tokenizer` names a folder
-    if built_with != file_sha256(path):
+        record = tokenizer_record(json.load(handle)) or {}
+    ours = load_tokenizer(tokenizer)
+    path = ours.path  # the file, when `tokenizer` names a folder
+    if not matches_record(record, ours):
         raise ValueError(f"{stats_path}: these shards were tokenized with another tokenizer than {path}; "
                          f"remove {stats_path[: -len('_stats.json')]}_* to rebuild them")

@@ -154,7 +154,7 @@ def _finished_stats(plan: Plan) -> dict | None:
         stats = {}
     if stats.get("incomplete"):  # an input was unreadable: build again
         return None
-    if stats.get("fingerprint") != plan.fingerprint:
+    if stats.get("fingerprint") not in (plan.fingerprint, plan.earlier_fingerprint):  # built before version 2 too
         raise PreprocessError(
             f"--output-prefix: {plan.stats_path} records shards built from other inputs or settings; "
             f"remove {plan.prefix}_* to rebuild, or choose another --output-prefix")
@@ -173,7 +173,7 @@ def _stats(plan: Plan, total: Counts, work: Counts, shards: dict[str, list[str]]
                            "shards": shards[split]} for split in SPLITS},
         "inputs": [spec.location for spec in plan.specs], "inputs_processed": processed,
         "inputs_reused": reused,  # finished by an earlier, interrupted run
-        "tokenizer": plan.tokenizer.path, "tokenizer_sha256": plan.settings_key["tokenizer_sha256"],
+        **plan.tokenizer_record,  # the tokenizer's file (absolute), sha256 and identity
         "vocab_size": plan.tokenizer.vocab_size, "eod_id": plan.tokenizer.eod_id, "eod_token": config.eod_token,
         "append_eod": config.append_eod, "dtype": plan.settings.dtype, "text_key": config.text_key,
         "valid_fraction": config.valid_fraction, "test_fraction": config.test_fraction,

@@ -2,7 +2,8 @@
 
 The plan also fixes the fingerprints that make resuming safe: the run's (all inputs and
 settings: a finished output is reused only when it matches) and each input's part key (its size,
-mtime and every setting that changes its tokens).
+mtime and every setting that changes its tokens). The tokenizer enters both by its identity (what it
+does, `Tokenizer.identity`), so a recompressed or re-serialized copy of it resumes the same run.
 """
 
 from __future__ import annotations
@@ -15,10 +16,11 @@ from pathlib import Path
 
 from data_pipeline.encoder import EncodeSettings
 from data_pipeline.indexed import token_dtype
+from data_pipeline.shard_check import file_sha256
 from data_pipeline.sources import InputError, InputSpec, resolve_inputs
 from data_pipeline.tokenizer import Tokenizer, UnknownTokenError, load_tokenizer
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: the tokenizer keyed by its identity, no longer by its file's sha256
 
 
 class PreprocessError(ValueError):
@@ -53,6 +55,7 @@ class Plan:
     settings: EncodeSettings
     settings_key: dict
     fingerprint: str
+    earlier_fingerprint: str = ""  # the same run as FORMAT_VERSION 1 keyed it (the tokenizer's file sha256)
 
     @property
     def prefix(self) -> str:
@@ -69,6 +72,14 @@ class Plan:
     @property
     def dtype(self) -> type:
         return token_dtype(self.tokenizer.vocab_size)
+
+    @property
+    def tokenizer_record(self) -> dict:
+        """What `{prefix}_stats.json` says of the tokenizer: its identity, which the shards are
+        compared by (shard_tokenizer); its file, by absolute path (it names the file from any working
+        directory) and sha256 (what builds before the identity were compared by)."""
+        return {"tokenizer": os.path.abspath(self.tokenizer.path), "tokenizer_sha256": file_sha256(self.tokenizer.path),
+                "tokenizer_identity": self.settings_key["tokenizer_identity"]}
 
     def part_dir(self, index: int, documents_left: int | None) -> Path:
         """Where input `index` is written, keyed by everything its tokens depend on."""
@@ -93,10 +104,12 @@ def plan_run(config: PreprocessConfig) -> Plan:
     _check_output(config.output_prefix)
     settings = EncodeSettings(config.text_key, tokenizer.eod_id, config.append_eod, config.valid_fraction,
                               config.test_fraction, token_dtype(tokenizer.vocab_size).__name__)
-    settings_key = {"version": FORMAT_VERSION, **asdict(settings), "tokenizer_sha256": file_sha256(tokenizer.path)}
-    fingerprint = digest({"settings": settings_key, "inputs": [s.identity() for s in specs],
-                          "limit_docs": config.limit_docs, "max_shard_tokens": config.max_shard_tokens})
-    return Plan(config, specs, tokenizer, settings, settings_key, fingerprint)
+    settings_key = {"version": FORMAT_VERSION, **asdict(settings), "tokenizer_identity": tokenizer.identity()}
+    run = {"inputs": [s.identity() for s in specs], "limit_docs": config.limit_docs,
+           "max_shard_tokens": config.max_shard_tokens}
+    earlier = {"version": 1, **asdict(settings), "tokenizer_sha256": file_sha256(tokenizer.path)}
+    return Plan(config, specs, tokenizer, settings, settings_key, digest({"settings": settings_key, **run}),
+                digest({"settings": earlier, **run}))
 
 
 def _check_numbers(config: PreprocessConfig) -> None:
@@ -130,14 +143,6 @@ def _check_output(prefix: str) -> None:
         raise PreprocessError(f"--output-prefix: cannot write under {folder}: {err.strerror or err}") from None
     if not os.access(folder, os.W_OK | os.X_OK):
         raise PreprocessError(f"--output-prefix: folder {folder} is not writable")
-
-
-def file_sha256(path: str) -> str:
-    sha = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for chunk in iter(lambda: handle.read(1 << 20), b""):
-            sha.update(chunk)
-    return sha.hexdigest()
 
 
 def digest(data: object) -> str:

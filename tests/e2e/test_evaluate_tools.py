@@ -145,8 +145,8 @@ def test_data_beyond_the_models_vocabulary_is_refused_naming_both(shakespeare_sh
     result = tool("evaluate", imported, "--data", shakespeare_shards, "--tasks", "ppl", "--seq-lens", "16",
                   "--max-windows", "4", "--allow-tokenizer-mismatch")
     assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-3000:]
-    assert f"--data {shakespeare_shards}, tokenized with data/tokenizers/shakespeare-bpe-1000.json.xz " \
-           "(1000 tokens) holds token id" in result.stderr, result.stderr[-3000:]
+    assert f"--data {shakespeare_shards}, tokenized with {ROOT}/data/tokenizers/shakespeare-bpe-1000.json.xz " \
+           "(1000 tokens) holds token id" in result.stderr, result.stderr[-3000:]  # the stats' path: absolute
     assert f"beyond the vocabulary of the model {imported} (64 tokens)" in result.stderr
 
 
