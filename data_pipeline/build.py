@@ -13,7 +13,7 @@ import os
 from pathlib import Path
 
 from data_pipeline.pipeline import PreprocessConfig, run_preprocess
-from data_pipeline.shard_check import file_sha256
+from data_pipeline.shard_check import file_sha256, read_stats
 from data_pipeline.shard_tokenizer import matches_record, tokenizer_record
 from data_pipeline.tokenizer import load_tokenizer
 
@@ -101,8 +101,7 @@ def _write_record(path: str, identity: dict) -> None:
 def _check_tokenizer(stats_path: str, tokenizer: str) -> None:
     """The shards' recorded tokenizer is `tokenizer`: the same identity (what it does), or for
     stats written before the identity, the same file (sha256)."""
-    with open(stats_path) as handle:
-        record = tokenizer_record(json.load(handle)) or {}
+    record = tokenizer_record(read_stats(stats_path[: -len("_stats.json")])) or {}
     ours = load_tokenizer(tokenizer)
     path = ours.path  # the file, when `tokenizer` names a folder
     if not matches_record(record, ours):

@@ -11,9 +11,9 @@ the folder it sits in:
 - `data.index_cache` names another folder; it is used only when it is this user's and not writable
   by others.
 - Before megatron-core reads anything, every entry of the folder is checked: no symbolic or hard
-  link, no FIFO or device, every `.npy` a plain integer array (read with allow_pickle=False), every
-  shuffle index a permutation and every sample index in order, so a cache garbled or edited by
-  hand is refused by name instead of training on other samples.
+  link, no folder, FIFO or device, every `.npy` a plain integer array (read with allow_pickle=False).
+- After, the indices it built or read are checked against the shard (check_indices), so a cache
+  garbled or edited by hand is refused by name instead of training on other samples.
 """
 
 from __future__ import annotations
@@ -95,10 +95,8 @@ def _check_entry(entry: os.DirEntry, cache_dir: str) -> None:
     again = f"remove {cache_dir} (it is rebuilt)"
     if entry.is_symlink():
         raise ShardReadError(f"{entry.path}: a symbolic link in the index cache; {again}")
-    if entry.is_dir(follow_symlinks=False):
-        return  # megatron-core writes no folders; one left here is never read
-    if not entry.is_file(follow_symlinks=False):
-        raise ShardReadError(f"{entry.path}: not a regular file (a FIFO or a device); remove it")
+    if not entry.is_file(follow_symlinks=False):  # megatron-core writes no folders; its lock is a file
+        raise ShardReadError(f"{entry.path}: not a regular file (a folder, a FIFO or a device); {again}")
     if entry.stat(follow_symlinks=False).st_nlink > 1:
         raise ShardReadError(f"{entry.path}: a hard link (another name shares its content, and megatron-core "
                              f"would write through it); {again}")
@@ -109,16 +107,50 @@ def _check_entry(entry: os.DirEntry, cache_dir: str) -> None:
 def _check_array(path: str, again: str) -> None:
     try:
         array = np.load(path, mmap_mode="r", allow_pickle=False)
-    except (ValueError, OSError, EOFError) as err:
+    except Exception as err:  # noqa: BLE001 - numpy's header parser raises many kinds (ValueError, TokenError, ...)
         raise ShardReadError(f"{path}: not a plain array ({err}); an index cache holds nothing else: "
                              f"{again}") from None
     if not isinstance(array, np.ndarray) or not np.issubdtype(array.dtype, np.integer) or array.ndim not in (1, 2):
         raise ShardReadError(f"{path}: not a plain array of integers ({type(array).__name__}); an index cache holds "
                              f"nothing else: {again}")
-    if path.endswith("shuffle_index.npy") and not _is_permutation(array):
-        raise ShardReadError(f"{path}: not a permutation of its {len(array)} samples (garbled or edited); {again}")
-    if path.endswith("sample_index.npy") and (array.ndim != 2 or np.any(np.diff(array[:, 0]) < 0)):
-        raise ShardReadError(f"{path}: sample boundaries out of order (garbled or edited); {again}")
+
+
+def check_indices(dataset) -> None:
+    """The indices megatron-core built, or read from its cache, follow from the shard: the document
+    index holds every document equally often, consecutive sample starts lie `sequence_length` tokens
+    apart in that stream, and the shuffle index is a permutation of the samples. One O(samples) pass
+    (the Pile's 150 M samples: about a second), so a cache garbled or edited by hand is refused by
+    name instead of training on other samples."""
+    if dataset.shuffle_index is None:  # megatron-core's lazy load: read at the first sample
+        return
+    doc, samples, shuffle = (np.asarray(a) for a in (dataset.document_index, dataset.sample_index,
+                                                      dataset.shuffle_index))
+    lengths = np.asarray(dataset.dataset.sequence_lengths, dtype=np.int64)
+    again = f"remove {dataset.config.path_to_cache} (it is rebuilt)"
+    if doc.ndim != 1 or not len(doc) or doc.min() < 0 or doc.max() >= len(lengths) or \
+            len(set(np.bincount(doc, minlength=len(lengths)).tolist())) != 1:
+        raise ShardReadError(f"{_path(dataset, 'document')}: does not hold every document of {dataset.dataset_path} "
+                             f"equally often (garbled or edited); {again}")
+    if samples.ndim != 2 or samples.shape[1] != 2 or not len(samples) or samples[:, 0].min() < 0 or \
+            samples[:, 0].max() >= len(doc) or samples[:, 1].min() < 0:
+        raise ShardReadError(f"{_path(dataset, 'sample')}: sample boundaries outside the document stream (garbled "
+                             f"or edited); {again}")
+    starts = np.concatenate([[0], np.cumsum(lengths[doc])])
+    offsets = samples[:, 1].astype(np.int64)
+    positions = starts[samples[:, 0]] + offsets
+    if positions[0] != 0 or np.any(np.diff(positions) != dataset.config.sequence_length) or \
+            np.any(offsets > lengths[doc[samples[:, 0]]]):
+        raise ShardReadError(f"{_path(dataset, 'sample')}: sample boundaries are not {dataset.config.sequence_length} "
+                             f"tokens apart (garbled or edited); {again}")
+    if shuffle.ndim != 1 or len(shuffle) != len(samples) - 1 or not _is_permutation(shuffle):
+        raise ShardReadError(f"{_path(dataset, 'shuffle')}: not a permutation of its {len(samples) - 1} samples "
+                             f"(garbled or edited); {again}")
+
+
+def _path(dataset, which: str) -> str:
+    """The cached file megatron-core reads the index from (its naming: gpt_dataset.py)."""
+    base = f"{dataset.unique_description_hash}-{type(dataset).__name__}-{dataset.index_split.name}"
+    return os.path.join(dataset.config.path_to_cache, f"{base}-{which}_index.npy")
 
 
 def _is_permutation(array: np.ndarray) -> bool:

@@ -37,7 +37,6 @@ Semantics (megatron-core's GPTDataset, which builds and caches the indices):
 from __future__ import annotations
 
 import hashlib
-import json
 import math
 import os
 from collections.abc import Sequence
@@ -46,10 +45,10 @@ from typing import Any
 import numpy as np
 
 from data_pipeline.batches import DistributedBatchIterator
-from data_pipeline.index_cache import index_cache_dir, prepare_index_cache, say_received_ignored
+from data_pipeline.index_cache import check_indices, index_cache_dir, prepare_index_cache, say_received_ignored
 from data_pipeline.indexed import find_shards, import_megatron
 from data_pipeline.locking import exclusive_lock
-from data_pipeline.shard_check import ShardReadError, check_build, check_shard
+from data_pipeline.shard_check import ShardReadError, check_build, check_shard, read_stats
 from data_pipeline.splits import SPLITS
 
 BLEND_SURPLUS = 0.005  # extra samples built per shard so the blend never runs short (megatron's default)
@@ -241,11 +240,8 @@ def _config(prefixes: Sequence[str], shards: list[str], split: str, seq_len: int
 
 def _eod_of(prefixes: Sequence[str]) -> int:
     """The EOD id recorded by preprocessing (only used by megatron-core for masks we do not use)."""
-    try:
-        with open(f"{prefixes[0]}_stats.json") as handle:
-            return int(json.load(handle)["eod_id"])
-    except (OSError, ValueError, KeyError):
-        return 0
+    eod = (read_stats(prefixes[0]) or {}).get("eod_id")
+    return eod if type(eod) is int else 0
 
 
 def _gpt_dataset(shard: str, split: str, num_samples: int | None, config: Any) -> Any:
@@ -256,11 +252,13 @@ def _gpt_dataset(shard: str, split: str, num_samples: int | None, config: Any) -
     try:
         indexed = GPTDataset.build_low_level_dataset(shard, config)
         documents = np.arange(len(indexed.sequence_lengths), dtype=np.int32)
-        return GPTDataset(indexed, shard, documents, num_samples, Split[split], config)
+        dataset = GPTDataset(indexed, shard, documents, num_samples, Split[split], config)
     except (IndexError, ValueError, OSError, RuntimeError, AssertionError) as err:
         raise ShardReadError(f"{shard}: building its packed-sample index failed ({type(err).__name__}: {err}); "
                              "the shard may be damaged: check it with python -m implicit_megatron.config CONFIG "
                              f"(it checks every shard), or remove the index cache {config.path_to_cache}") from None
+    check_indices(dataset)
+    return dataset
 
 
 def _build_in_rank_order(build, cache_dir: str) -> Any:

@@ -16,7 +16,6 @@ resumed run gives the same bytes as an uninterrupted one.
 
 from __future__ import annotations
 
-import json
 import shutil
 import sys
 import time
@@ -27,6 +26,7 @@ from data_pipeline.merge import merge_split
 from data_pipeline.parts import reuse_finished, write_json_atomic, write_parts
 from data_pipeline.plan import Plan, PreprocessConfig, PreprocessError, plan_run
 from data_pipeline.progress import Progress
+from data_pipeline.shard_check import ShardError, read_stats
 from data_pipeline.sources import dataset_dict_splits, first_record_fields
 from data_pipeline.splits import SPLITS
 from data_pipeline.stats import Counts, throughput
@@ -149,8 +149,8 @@ def _finished_stats(plan: Plan) -> dict | None:
     if not plan.stats_path.is_file():
         return None
     try:
-        stats = json.loads(plan.stats_path.read_text())
-    except (OSError, ValueError):
+        stats = read_stats(plan.prefix) or {}
+    except ShardError:
         stats = {}
     if stats.get("incomplete"):  # an input was unreadable: build again
         return None

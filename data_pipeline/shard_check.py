@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import json
 import os
 import shlex
 import struct
@@ -37,6 +36,7 @@ import numpy as np
 from data_pipeline.indexed import existing_outputs, find_shards
 from data_pipeline.splits import SPLITS
 from implicit_megatron.utils.names import CONTROL_CHARACTERS
+from implicit_megatron.utils.received_file import UnreadableFile, read_small_json
 
 MAGIC = b"MMIDIDX\x00\x00"
 MAX_STATS_BYTES = 16 * 2**20  # a build's stats: counts, inputs and one line per shard file
@@ -111,14 +111,13 @@ def check_shard(prefix: str) -> ShardInfo:
 def read_stats(prefix: str) -> dict | None:
     """`{prefix}_stats.json` (None: there is none); ShardError naming it when it is not a JSON object."""
     stats_path = f"{prefix}_stats.json"
-    if not os.path.isfile(stats_path):
+    if not os.path.lexists(stats_path):
         return None
     try:
-        with open(stats_path, "rb") as handle:
-            stats = json.loads(handle.read(MAX_STATS_BYTES + 1).decode("utf-8"))
-    except (OSError, ValueError) as err:
-        raise ShardError(f"{stats_path}: not readable ({type(err).__name__}); it should record how the "
-                         f"shards of {prefix} were built: run their preprocessing again") from None
+        stats = read_small_json(stats_path, MAX_STATS_BYTES, "the stats of a preprocessing run")
+    except UnreadableFile as err:
+        raise ShardError(f"{err}; it should record how the shards of {prefix} were built: run their "
+                         "preprocessing again") from None
     if not isinstance(stats, dict):
         raise ShardError(f"{stats_path}: not a JSON object; it should record how the shards of {prefix} were built")
     return stats

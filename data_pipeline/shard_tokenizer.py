@@ -11,10 +11,9 @@ were: by the file's sha256, else by vocabulary with the recorded file, found whe
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
-from data_pipeline.shard_check import file_sha256
+from data_pipeline.shard_check import file_sha256, read_stats
 from data_pipeline.tokenizer import Tokenizer, load_tokenizer
 
 REPOSITORY = Path(__file__).resolve().parents[1]  # older stats name the bundled tokenizers relative to it
@@ -24,10 +23,7 @@ def other_tokenizer(prefix: str, tokenizer: str) -> str | None:
     """Why the shards at `prefix` were not built with `tokenizer` (None: they were, or their stats
     record nothing to compare with)."""
     stats_path = Path(f"{prefix}_stats.json")
-    try:
-        stats = tokenizer_record(json.loads(stats_path.read_text()))
-    except (OSError, ValueError):
-        stats = None
+    stats = tokenizer_record(read_stats(prefix))  # a stats file that is no JSON object: ShardError naming it
     if stats is None:
         return None  # no stats, or an older or foreign stats file: nothing recorded to compare
     ours = load_tokenizer(tokenizer)

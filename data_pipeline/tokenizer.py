@@ -155,11 +155,23 @@ def _hf(path: Path, eod_token: str | None) -> Tokenizer:
     except Exception as err:  # tokenizers raises a bare Exception on malformed files
         raise ValueError(f"{path}: not a valid tokenizer.json: {err}") from None
     _check_speed(backend, path)
+    _check_ids(backend, path)
     # the span of its ids, not its count of entries: an entry may be mapped past the others (id 10^6)
     span = max([*backend.get_vocab(with_added_tokens=True).values(), -1]) + 1
     tok = Tokenizer(backend, "hf", max(span, backend.get_vocab_size(with_added_tokens=True)), -1, str(path))
     tok.eod_id = _find_eod(tok, eod_token)
     return tok
+
+
+def _check_ids(backend, path: Path) -> None:
+    """Each id of the model's vocabulary names one token: a file giving one id to two tokens (an
+    edit, a garbled copy) decodes, and describes itself, in whatever order the library's hash map
+    yields them, so it would be another tokenizer at each load."""
+    ids = list(backend.get_vocab(with_added_tokens=False).values())
+    shared = len(ids) - len(set(ids))
+    if shared:
+        raise ValueError(f"{path}: {shared} id(s) of its vocabulary are given to two tokens; a tokenizer gives each id "
+                         "one token (the file was edited or garbled)")
 
 
 SPEED_PROBE = ("ROMEO: But soft, what light through yonder window breaks? Supercalifragilisticexpialidocious, "

@@ -100,11 +100,13 @@ def output_folder(options: EvalOptions) -> Path:
 
 def vocabulary_mismatch(prefix: str, top: int, vocab: int, loaded: LoadedModel) -> str:
     """Why data tokenized for another vocabulary cannot be evaluated (its ids index past the model's)."""
+    from data_pipeline.shard_check import ShardError, read_stats
+
     built = ""
     try:
-        stats = json.loads(Path(f"{prefix}_stats.json").read_text())
+        stats = read_stats(prefix) or {}
         built = f", tokenized with {stats['tokenizer']} ({stats['vocab_size']} tokens)"
-    except (OSError, ValueError, KeyError):
+    except (ShardError, KeyError):
         pass
     return (f"--data {prefix}{built} holds token id {top}, beyond the vocabulary of the model {loaded.source} "
             f"({vocab} tokens): evaluate it on data tokenized with the model's own tokenizer "

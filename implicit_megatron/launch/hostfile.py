@@ -15,6 +15,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from implicit_megatron.utils.received_file import UnreadableFile, read_small_text
+
 HOST = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]*")  # a name or an address: pdsh and ssh pass it to a shell
 MAX_BYTES = 1 << 20
 
@@ -33,13 +35,9 @@ def read_hostfile(path: str | Path) -> list[Host]:
     """The hosts of `path` in order, each with its slots."""
     path = Path(path)
     try:
-        if path.stat().st_size > MAX_BYTES:
-            raise HostfileError(f"{path}: {path.stat().st_size} bytes; a hostfile is a line per node (at most "
-                                f"{MAX_BYTES} bytes)")
-        text = path.read_text()
-    except (OSError, UnicodeDecodeError) as err:
-        raise HostfileError(f"{path}: cannot be read as a hostfile ({err.__class__.__name__}: "
-                            f"{getattr(err, 'strerror', None) or err})") from None
+        text = read_small_text(path, MAX_BYTES, "a hostfile (a line per node, 'HOST slots=N')")
+    except UnreadableFile as err:
+        raise HostfileError(f"{err} (cannot be read as a hostfile)") from None
     hosts: dict[str, Host] = {}
     for number, line in enumerate(text.splitlines(), 1):
         fields = line.split("#", 1)[0].split()

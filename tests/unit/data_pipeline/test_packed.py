@@ -235,6 +235,9 @@ def test_a_failed_read_names_the_shard(tmp_path, monkeypatch):
     write_unique_token_shard(str(tmp_path / "b" / "b_train"), sorted(lengths, reverse=True))
     build_packed_dataset([str(tmp_path / "a")], None, "train", SEQ, seed=1)
     (tmp_path / "a_train.idx").write_bytes((tmp_path / "b" / "b_train.idx").read_bytes())
+    with pytest.raises(ShardReadError, match=r"-sample_index\.npy: sample boundaries are not 16 tokens apart"):
+        build_packed_dataset([str(tmp_path / "a")], None, "train", SEQ, seed=1)  # the indices checked at open
+    monkeypatch.setattr(packed, "check_indices", lambda dataset: None)
     stale = build_packed_dataset([str(tmp_path / "a")], None, "train", SEQ, seed=1)
     with pytest.raises(ValueError, match=f"^{prefix}: reading sample [0-9]+ failed"):
         [stale[i] for i in range(len(stale))]

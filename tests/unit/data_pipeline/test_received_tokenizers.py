@@ -72,3 +72,19 @@ def test_a_regex_that_gives_up_only_on_some_text_is_one_named_error_at_encode(tm
     said = rf"^{path}: the tokenizer failed on this text \(PanicException: Onig"
     with pytest.raises(tokenizers.TokenizerFailed, match=said):
         tok.encode("a" + "=" * 40 + "b")
+
+
+def test_a_vocabulary_giving_one_id_to_two_tokens_is_refused_by_name(tmp_path):
+    """Found by tools/dev/fuzz_received.py (a repeated part of the file): such a tokenizer decodes
+    and describes itself in the order of the library's hash map, so each load was another one."""
+    import json
+
+    raw = json.loads(lzma.decompress((ROOT / "data/tokenizers/shakespeare-bpe-1000.json.xz").read_bytes()))
+    vocab = raw["model"]["vocab"]
+    first, second = list(vocab)[200:202]
+    vocab[second] = vocab[first]
+    path = tmp_path / "tokenizer.json"
+    path.write_text(json.dumps(raw))
+    with pytest.raises(ValueError, match=f"^{path}: 1 id\\(s\\) of its vocabulary are given to two tokens"):
+        load_tokenizer(path)
+    assert load_tokenizer(ROOT / "data/tokenizers/gpt-neox-20b.json.xz").vocab_size == 50277

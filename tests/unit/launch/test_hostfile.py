@@ -3,6 +3,8 @@ the file and the line; what DeepSpeed's launcher accepts, we read the same."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from implicit_megatron.launch.hostfile import Host, HostfileError, read_hostfile
@@ -49,5 +51,8 @@ def test_a_missing_binary_or_huge_file_is_named(tmp_path):
     with pytest.raises(HostfileError, match="cannot be read as a hostfile"):
         read_hostfile(tmp_path / "bin")
     (tmp_path / "big").write_text("a slots=1\n" * 200_000)
-    with pytest.raises(HostfileError, match="bytes; a hostfile is a line per node"):
+    with pytest.raises(HostfileError, match="over 1048576 bytes; a hostfile"):
         read_hostfile(tmp_path / "big")
+    os.mkfifo(tmp_path / "fifo")  # opened for reading, it would wait for a writer for ever
+    with pytest.raises(HostfileError, match=f"{tmp_path / 'fifo'}: not a regular file"):
+        read_hostfile(tmp_path / "fifo")
