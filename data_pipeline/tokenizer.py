@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import json
 import lzma
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,8 +47,13 @@ class Tokenizer:
             return self.backend.encode(texts, out_type=int)
         # encode_batch_fast skips character offsets, which nothing here uses (about 15 % faster)
         encode = getattr(self.backend, "encode_batch_fast", self.backend.encode_batch)
+        characters = sum(len(text) for text in texts)
         try:
-            return [enc.ids for enc in encode(texts, add_special_tokens=False)]
+            return within(ENCODE_SECONDS + ENCODE_SECONDS_PER_MB * characters / 1e6,
+                          lambda: [enc.ids for enc in encode(texts, add_special_tokens=False)])
+        except TimeoutError as err:
+            raise TokenizerFailed(f"{self.path}: encoding {characters:,} characters took over {err} s: a regex of its "
+                                  "normalizer or pre-tokenizer backtracks on this text; not a usable tokenizer") from None
         except BaseException as err:  # the Rust library's panic (a regex's retry limit) is no Exception
             if type(err).__name__ != "PanicException":
                 raise
@@ -126,6 +132,35 @@ def _sentencepiece_description(backend) -> dict:
 def _proto_values(spec) -> dict:
     values = {field.name: getattr(spec, field.name) for field in spec.DESCRIPTOR.fields}
     return {name: value.hex() if isinstance(value, bytes) else value for name, value in values.items()}
+
+
+# An encode's time bound: tokenizers encode megabytes a second on one thread, so a text that takes
+# minutes meets a regex that backtracks on it (the load's speed probe sees only its own sample).
+ENCODE_SECONDS = 60.0
+ENCODE_SECONDS_PER_MB = 60.0
+
+
+def within(seconds: float, work):
+    """`work()`'s result, or TimeoutError(seconds) when it runs longer. The library releases the GIL
+    while it encodes, so the wait ends on time; a thread left running is a daemon's, which no exit
+    waits for."""
+    done: list = []
+
+    def run() -> None:
+        try:
+            done.append((True, work()))
+        except BaseException as err:  # noqa: BLE001 - handed to the caller as it was
+            done.append((False, err))
+
+    thread = threading.Thread(target=run, name="tokenizer-encode", daemon=True)
+    thread.start()
+    thread.join(seconds)
+    if not done:
+        raise TimeoutError(f"{seconds:.0f}")
+    ok, value = done[0]
+    if not ok:
+        raise value
+    return value
 
 
 def load_tokenizer(path: str | Path, eod_token: str | None = None) -> Tokenizer:

@@ -23,11 +23,13 @@ import tempfile
 from pathlib import Path
 
 from implicit_megatron.launch.environment import PROG, LaunchError
+from implicit_megatron.utils.received_file import UnreadableFile, read_small_file
 
 PREFIXES = ("MLFLOW", "PYTHON", "MV2", "UCX", "NCCL")  # DeepSpeed's EXPORT_ENVS and the CUDA/ROCm accelerator's
 # what the launch hands its ranks on every node through the environment file
 FORWARDED = ("IMPLICIT_MEGATRON_LAUNCHER_STOP_FILE", "IMPLICIT_MEGATRON_LAUNCH_PID", "IMPLICIT_MEGATRON_LAUNCH_HOST",
              "OMP_NUM_THREADS", "TOKENIZERS_PARALLELISM", "DS_ACCELERATOR")
+MAX_ENV_FILE_BYTES = 1 << 20  # KEY=VALUE lines for a node's shell
 NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 BARE = re.compile(r"[\w@%+=:,./-]+")  # what DeepSpeed leaves unquoted
 UNSAFE_IN_QUOTES = re.compile(r"[$`\"\\\x00-\x1f\x7f]")  # what a shell still reads inside double quotes
@@ -51,7 +53,12 @@ def _user_lines(environ: dict[str, str], home: Path, cwd: Path) -> tuple[list[st
     """(KEY=VALUE lines of the user's environment files, what is wrong in them)."""
     lines, found = [], []
     for path in env_files(environ, home, cwd):
-        for number, line in enumerate(path.read_text(errors="replace").splitlines(), 1):
+        try:
+            text = read_small_file(path, MAX_ENV_FILE_BYTES, "an environment file (KEY=VALUE lines)")
+        except UnreadableFile as err:
+            found.append(str(err))
+            continue
+        for number, line in enumerate(text.decode("utf-8", errors="replace").splitlines(), 1):
             key, sep, value = line.partition("=")
             if not line.strip():
                 continue

@@ -88,3 +88,14 @@ def test_a_vocabulary_giving_one_id_to_two_tokens_is_refused_by_name(tmp_path):
     with pytest.raises(ValueError, match=f"^{path}: 1 id\\(s\\) of its vocabulary are given to two tokens"):
         load_tokenizer(path)
     assert load_tokenizer(ROOT / "data/tokenizers/gpt-neox-20b.json.xz").vocab_size == 50277
+
+
+def test_an_encode_over_its_time_bound_is_one_named_error(monkeypatch):
+    """A text on which a regex backtracks takes minutes, not a traceback or a stalled rank: past the
+    bound (60 s and 60 s per million characters; here none) the encode ends in one error naming the file."""
+    tokenizer = load_tokenizer(ROOT / "data/tokenizers/shakespeare-bpe-1000.json.xz")
+    assert tokenizer.encode("to be or not to be")
+    monkeypatch.setattr(tokenizers, "ENCODE_SECONDS", 0.0)
+    monkeypatch.setattr(tokenizers, "ENCODE_SECONDS_PER_MB", 0.0)
+    with pytest.raises(tokenizers.TokenizerFailed, match=f"^{tokenizer.path}: encoding 2,000,000 characters took over"):
+        tokenizer.encode_batch(["to be or not to be " * 50_000, "x" * 1_050_000])

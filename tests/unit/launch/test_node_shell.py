@@ -71,3 +71,9 @@ def test_what_pretrain_passes_its_ranks_is_checked_and_written_after_the_users_l
     environ = {"OMP_NUM_THREADS": "4", "DS_ACCELERATOR": "cpu", "IMPLICIT_MEGATRON_LAUNCH_PID": "123", "HOME": "/h"}
     assert environment_file(environ, home, tmp_path) == \
         "NCCL_IB_DISABLE=1\nIMPLICIT_MEGATRON_LAUNCH_PID=123\nOMP_NUM_THREADS=4\nDS_ACCELERATOR=cpu\n"
+
+
+def test_an_environment_file_too_large_to_be_lines_of_settings_is_named(tmp_path):
+    (tmp_path / ".deepspeed_env").write_text("NCCL_DEBUG=INFO\n" * 100_000)
+    assert [p for p in problems({}, tmp_path, tmp_path) if ".deepspeed_env" in p] == [
+        f"{tmp_path / '.deepspeed_env'}: over 1048576 bytes; an environment file (KEY=VALUE lines) is at most that"]
