@@ -52,8 +52,9 @@ class Tokenizer:
             return within(ENCODE_SECONDS + ENCODE_SECONDS_PER_MB * characters / 1e6,
                           lambda: [enc.ids for enc in encode(texts, add_special_tokens=False)])
         except TimeoutError as err:
-            raise TokenizerFailed(f"{self.path}: encoding {characters:,} characters took over {err} s: a regex of its "
-                                  "normalizer or pre-tokenizer backtracks on this text; not a usable tokenizer") from None
+            raise TokenizerFailed(f"{self.path}: encoding {characters:,} characters took over {err} s: a regex of "
+                                  "its normalizer or pre-tokenizer backtracks on this text; not a usable tokenizer"
+                                  ) from None
         except BaseException as err:  # the Rust library's panic (a regex's retry limit) is no Exception
             if type(err).__name__ != "PanicException":
                 raise
