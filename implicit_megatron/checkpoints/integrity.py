@@ -26,6 +26,7 @@ import torch
 from implicit_megatron.checkpoints import safe_load
 from implicit_megatron.checkpoints.layout import (
     MANIFEST,
+    MAX_MANIFEST_BYTES,
     MODEL_STATES,
     UNIVERSAL,
     UNIVERSAL_NOTE,
@@ -35,7 +36,9 @@ from implicit_megatron.checkpoints.layout import (
     step_of,
     tags_by_step,
 )
+from implicit_megatron.checkpoints.weights_file import nonfinite_count
 from implicit_megatron.utils.own_files import foreign_entry
+from implicit_megatron.utils.received_file import UnreadableFile, read_small_json
 from implicit_megatron.utils.safe_write import replace_text
 
 CHUNK = 1 << 24
@@ -66,8 +69,9 @@ def check_file(path: Path, crc: bool = True) -> None:
                 with archive.open(info) as record:
                     while record.read(CHUNK):
                         pass
-    except (zipfile.BadZipFile, OSError, EOFError, ValueError) as err:
-        raise DamagedCheckpoint(path, f"does not read back ({err})") from None
+    except (zipfile.BadZipFile, OSError, EOFError, ValueError, NotImplementedError, zlib.error) as err:
+        raise DamagedCheckpoint(path, f"does not read back ({err})") from None  # NotImplementedError: a
+        # record's compression method garbled into one zipfile does not know
 
 
 def expected_files(tag_dir: Path, crc: bool = True) -> list[Path]:
@@ -122,8 +126,8 @@ def first_nonfinite(path: Path) -> str | None:
     while pending:
         where, value = pending.pop()
         if isinstance(value, torch.Tensor):
-            if value.is_floating_point() and not bool(torch.isfinite(value).all()):
-                bad = int((~torch.isfinite(value)).sum())
+            bad = nonfinite_count(value)
+            if bad:
                 return f"{where.lstrip('.') or 'its tensor'} ({bad} of {value.numel()} values)"
         elif isinstance(value, dict):
             pending += [(f"{where}.{key}", item) for key, item in reversed(list(value.items()))]
@@ -148,7 +152,7 @@ def digest(path: Path) -> str:
         with zipfile.ZipFile(path) as archive:
             entries = sorted((i.filename, i.file_size, i.CRC) for i in archive.infolist())
         return f"zip-{zlib.crc32(json.dumps(entries).encode()):08x}"
-    except zipfile.BadZipFile:
+    except (zipfile.BadZipFile, ValueError, NotImplementedError):  # no zip, or a directory garbled past reading
         return f"crc32-{file_crc32(path):08x}"
 
 
@@ -165,7 +169,7 @@ def write_manifest(tag_dir: Path, val_loss: float | None = None) -> None:
 def record_universal(tag_dir: Path, universal: Path) -> None:
     """Add the files of the tag's universal conversion to its manifest: what vouches for them."""
     refuse_foreign_entries(universal)
-    manifest = json.loads((tag_dir / MANIFEST).read_text())
+    manifest = read_manifest(tag_dir)
     files = sorted(p for p in universal.rglob("*") if p.is_file())
     manifest["universal"] = {str(p.relative_to(universal)): {"size": p.stat().st_size, "digest": digest(p)}
                              for p in files}
@@ -177,10 +181,11 @@ def unvouched_universal(tag_dir: Path, universal: Path) -> str | None:
     it is): not in the manifest, files added, missing or changed, or a file that would not load with
     the weights-only unpickler (DeepSpeed loads these files with the full one, which runs code)."""
     try:
-        listed = json.loads((tag_dir / MANIFEST).read_text()).get("universal")
-    except (OSError, ValueError, AttributeError):
+        listed = read_manifest(tag_dir).get("universal")
+    except DamagedCheckpoint:
         listed = None
-    if listed is None:
+    if not isinstance(listed, dict) or not all(isinstance(r, dict) and {"size", "digest"} <= r.keys()
+                                               for r in listed.values()):
         return f"the manifest of {tag_dir.name} does not record it (no conversion of this project wrote it)"
     found = foreign_entry(universal)
     if found:
@@ -198,14 +203,27 @@ def unvouched_universal(tag_dir: Path, universal: Path) -> str | None:
     return None
 
 
+def read_manifest(tag_dir: Path) -> dict:
+    """A tag's manifest: {"files": {name: {"size": int, "digest": str}}, ...}; DamagedCheckpoint
+    naming it where it is no such object (cut, garbled, nested past reason, not a regular file)."""
+    path = tag_dir / MANIFEST
+    try:
+        manifest = read_small_json(path, MAX_MANIFEST_BYTES, "a checkpoint's manifest")
+    except UnreadableFile as err:
+        raise DamagedCheckpoint(path, f"does not read back ({str(err).removeprefix(f'{path}: ')})") from None
+    listed = manifest.get("files") if isinstance(manifest, dict) else None
+    if not isinstance(listed, dict) or not all(
+            isinstance(name, str) and isinstance(record, dict) and type(record.get("size")) is int
+            and isinstance(record.get("digest"), str) for name, record in listed.items()):
+        raise DamagedCheckpoint(path, 'does not read back (expected {"files": {NAME: {"size": int, "digest": str}}})')
+    return manifest
+
+
 def check_manifest(tag_dir: Path, crc: bool) -> dict:
     """Every file the manifest lists is there with its size and digest, and with `crc` its data
     matches (a full read): a partly copied, swapped, truncated or changed file is named. Returns
     the listing."""
-    try:
-        listed = json.loads((tag_dir / MANIFEST).read_text())["files"]
-    except (OSError, ValueError, KeyError) as err:
-        raise DamagedCheckpoint(tag_dir / MANIFEST, f"does not read back ({err})") from None
+    listed = read_manifest(tag_dir)["files"]
     for name, record in listed.items():
         path = tag_dir / name
         if Path(name).is_absolute() or ".." in Path(name).parts:

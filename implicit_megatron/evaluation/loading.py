@@ -1,13 +1,15 @@
 """A model ready for evaluation from either kind of folder a run produces.
 
 A checkpoint folder (a run's `checkpoints/`, any ZeRO stage) is consolidated through
-`read_checkpoint`; an exported folder (model.safetensors + config.json) through `from_pretrained`.
+`read_checkpoint`; an exported folder (model.safetensors + config.json) through `from_pretrained`,
+which reads it through the export reader (hf/export_reader.py) first.
 Both give the same LanguageModel in eval mode, with weight normalisation folded away and the
 solver set to the curriculum phase the weights were trained in (see `phases.resolve_solver`).
 """
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -49,13 +51,13 @@ class LoadedModel:
 def classify(path: str | Path) -> tuple[str, Path, str | None]:
     """("checkpoint", checkpoints folder, tag) or ("export", folder, None); NotAModelError otherwise."""
     from implicit_megatron.checkpoints.layout import LATEST, MODEL_STATES, ZERO3_MODEL_STATES
-    from implicit_megatron.hf.export import CONFIG_FILE, MODEL_FILE
+    from implicit_megatron.hf.export_reader import CONFIG_FILE, MODEL_FILE
 
     folder = Path(path)
     if not folder.exists():
         raise NotAModelError(f"{folder}: no such file or directory")
-    if folder.is_dir() and (folder / CONFIG_FILE).is_file() and (folder / MODEL_FILE).is_file():
-        return "export", folder, None
+    if folder.is_dir() and all(os.path.lexists(folder / name) for name in (CONFIG_FILE, MODEL_FILE)):
+        return "export", folder, None  # whatever kind of file each is: the export's reader says what is wrong
     if folder.is_dir() and (folder / LATEST).is_file():
         return "checkpoint", folder, None
     if folder.is_dir() and (folder / "checkpoints" / LATEST).is_file():  # a run folder

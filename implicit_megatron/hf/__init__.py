@@ -1,6 +1,7 @@
 """Our models among transformers' and the paper's: exported folders, and weights in from elsewhere.
 
     export.py            model folders: written from a checkpoint (`export`), read (`from_pretrained`)
+    export_reader.py     an exported folder read: config.json through the config's rules, the weights' header
     config.py            the transformers config of an export (our run config inside)
     model.py             the transformers model behind AutoModelForCausalLM
     auto.py              both registered with transformers' Auto classes when the package is imported

@@ -28,8 +28,10 @@ class ImplicitMegatronConfig(PretrainedConfig):
         self.eval_stop = eval_stop
         model = self.implicit_megatron.get("model", {})
         vocab, multiple = model.get("vocab_size"), model.get("pad_vocab_multiple", 1)
-        # the width of the logits, padding rows included, as transformers' own models count it (beam search does)
-        kwargs.setdefault("vocab_size", -(-vocab // multiple) * multiple if vocab else None)
+        # the width of the logits, padding rows included, as transformers' own models count it (beam search does);
+        # sizes that are no positive integers are left to the export's reader to refuse by name (hf/export_reader.py)
+        sizes = all(isinstance(n, int) and not isinstance(n, bool) and n > 0 for n in (vocab, multiple))
+        kwargs.setdefault("vocab_size", -(-vocab // multiple) * multiple if sizes else None)
         kwargs.setdefault("hidden_size", model.get("d_model"))
         kwargs.setdefault("num_hidden_layers", model.get("n_layers"))
         kwargs.setdefault("tie_word_embeddings", model.get("tie_embeddings", True))

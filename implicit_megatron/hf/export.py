@@ -28,18 +28,16 @@ from implicit_megatron.checkpoints.consolidate import consolidated_weights
 from implicit_megatron.checkpoints.integrity import require_complete
 from implicit_megatron.checkpoints.layout import find_checkpoint, model_states_file, read_client_state, saved_layout
 from implicit_megatron.config import Config
-from implicit_megatron.config.saved import checked_eval_stop, config_from_dict
+from implicit_megatron.config.saved import config_from_dict
 from implicit_megatron.errors import first_line
+from implicit_megatron.hf.export_reader import CONFIG_FILE, CONFIG_KEY, MODEL_FILE, read_export, read_export_config
 from implicit_megatron.hf.remote_code import AUTO_MAP, write_remote_code
 from implicit_megatron.models.lm import LanguageModel
 from implicit_megatron.models.registry import spec_of
-from implicit_megatron.utils.json_config import read_json_config
 from implicit_megatron.utils.safe_write import out_of_room, room_cause_of
 from implicit_megatron.utils.whole_folder import written_whole
 
-MODEL_FILE, CONFIG_FILE = "model.safetensors", "config.json"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model")  # write_tokenizer writes one: byte-level BPE, sentencepiece
-CONFIG_KEY = "implicit_megatron"
 REPOSITORY = Path(__file__).resolve().parents[2]
 
 
@@ -82,16 +80,22 @@ def tokenizer_to_copy(cfg: Config, given: str | Path | None, places: tuple[Path,
 def _write_files(out: Path, model: LanguageModel, cfg: Config, dtype: torch.dtype, tokenizer: Path) -> None:
     from safetensors.torch import save_file
 
+    from data_pipeline.tokenizer import load_tokenizer
+
     tensors = {k: v.detach().to(dtype).contiguous() for k, v in model.state_dict().items()}
     save_file(tensors, str(out / MODEL_FILE), metadata={"format": "pt"})
     umask = os.umask(0)
     os.umask(umask)
     os.chmod(out / MODEL_FILE, 0o666 & ~umask)  # safetensors writes 0600; others on a cluster must read it
     eod_id = write_tokenizer(tokenizer, out)
+    # what the tokenizer does, as the shards' _stats.json records it (of the source: a sentencepiece
+    # export's converted tokenizer.json describes itself otherwise than the .model the shards used)
+    identity = load_tokenizer(tokenizer).identity() if eod_id is not None else None
     hf = {"architectures": ["ImplicitMegatronForCausalLM"], "model_type": "implicit_megatron", "auto_map": AUTO_MAP,
           "torch_dtype": str(dtype).removeprefix("torch."), **model_fields(cfg), **generation_fields(cfg, eod_id),
           "eval_stop": "token",  # each row's result is its own (hf/config.py); a client may name "batch"
           "tokenizer_source": portable(str(tokenizer)) if eod_id is not None else None,  # where the copy came from
+          "tokenizer_identity": identity,  # data_pipeline.tokenizer.Tokenizer.identity
           CONFIG_KEY: portable(run_config(cfg))}
     (out / CONFIG_FILE).write_text(json.dumps(hf, indent=2))
     write_remote_code(out)  # last: a folder with its code is whole (utils.whole_folder)
@@ -212,13 +216,8 @@ def write_fast_sentencepiece(out: Path, tokenizer, settings: dict) -> bool:
 
 
 def read_folder_config(folder: Path) -> Config:
-    data = read_json_config(folder / CONFIG_FILE)
-    if CONFIG_KEY not in data:
-        raise ValueError(f"{folder / CONFIG_FILE}: no '{CONFIG_KEY}' entry; not a folder written by "
-                         "tools/convert_checkpoint.py")
-    cfg = config_from_dict(data[CONFIG_KEY], str(folder / CONFIG_FILE))
-    cfg.implicit.eval_stop = checked_eval_stop(data.get("eval_stop", "token"), str(folder / CONFIG_FILE))
-    return cfg
+    """The run config of an exported folder, checked as a YAML config is (hf/export_reader.py)."""
+    return read_export_config(folder).cfg
 
 
 def read_checkpoint(ckpt_dir: str | Path, tag: str | None = None) -> tuple[dict[str, torch.Tensor], Config]:
@@ -260,16 +259,12 @@ def export(ckpt_dir: str | Path, out_dir: str | Path, tag: str | None = None, dt
 
 
 def from_pretrained(folder: str | Path, device=None, dtype=None) -> LanguageModel:
-    """Load a folder written by `export` (tools/convert_checkpoint.py export)."""
-    from implicit_megatron.checkpoints.weights_file import check_shapes, read_safetensors
+    """Load a folder written by `export` (tools/convert_checkpoint.py export), its config and the
+    weights' header checked first (hf/export_reader.py)."""
+    from implicit_megatron.checkpoints.weights_file import read_safetensors
 
     folder = Path(folder)
-    for name in (CONFIG_FILE, MODEL_FILE):
-        if not (folder / name).is_file():
-            raise FileNotFoundError(f"{folder}: no {name}; export a checkpoint with tools/convert_checkpoint.py")
-    cfg = read_folder_config(folder)
-    shapes = {k: tuple(v.shape) for k, v in build_model(cfg, device="meta").state_dict().items()}  # allocates nothing
-    check_shapes(folder / MODEL_FILE, shapes, str(folder / CONFIG_FILE))
+    cfg = read_export(folder).cfg
     model = build_model(cfg, dtype=dtype)  # built in the asked dtype, so that loading loses nothing
     state = read_safetensors(folder / MODEL_FILE)
     model.load_state_dict({k: v.to(model.state_dict()[k].dtype) for k, v in state.items()}, strict=True)

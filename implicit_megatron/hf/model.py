@@ -43,9 +43,10 @@ class ImplicitMegatronForCausalLM(PreTrainedModel, GenerationMixin):
     def __init__(self, config: ImplicitMegatronConfig):
         super().__init__(config)
         from implicit_megatron.builder import build_model
-        from implicit_megatron.config.saved import checked_eval_stop, config_from_dict
+        from implicit_megatron.config.saved import checked_eval_stop
+        from implicit_megatron.hf.export_reader import checked_run_config
 
-        cfg = config_from_dict(config.implicit_megatron, "config.json")
+        cfg = checked_run_config(config.implicit_megatron, "config.json")  # a config from the Hub, or made here
         cfg.implicit.eval_stop = checked_eval_stop(config.eval_stop, "config.json")
         lm = build_model(cfg)
         for name, child in lm.named_children():
@@ -55,11 +56,20 @@ class ImplicitMegatronForCausalLM(PreTrainedModel, GenerationMixin):
 
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path, *args, **kwargs):
-        """transformers' load, then the weights refused where one is not finite (as every reader of ours)."""
+        """transformers' load of a folder that our reader read first (hf/export_reader.py: config.json
+        through the config's rules, the weights' header against it), then the weights refused where
+        one is not finite (as every reader of ours). A name that is no folder here (a Hub repository)
+        is read by transformers, and its config checked as the model is built (`__init__`)."""
         from implicit_megatron.checkpoints.weights_file import refuse_nonfinite
+        from implicit_megatron.hf.export_reader import MODEL_FILE, check_export_weights, read_export_config
 
+        folder = Path(str(pretrained_model_name_or_path)) / (kwargs.get("subfolder") or "")
+        if folder.is_dir():
+            export = read_export_config(folder)
+            if (folder / MODEL_FILE).exists() or (folder / MODEL_FILE).is_symlink():  # else sharded: transformers'
+                check_export_weights(export)
         model = super().from_pretrained(pretrained_model_name_or_path, *args, **kwargs)
-        refuse_nonfinite(model.state_dict(), Path(str(pretrained_model_name_or_path)) / "model.safetensors")
+        refuse_nonfinite(model.state_dict(), folder / MODEL_FILE)
         return model
 
     def save_pretrained(self, save_directory, *args, **kwargs) -> None:

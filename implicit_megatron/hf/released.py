@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import re
 from pathlib import Path
 
@@ -23,7 +24,6 @@ from implicit_megatron.config import Config, read_config
 from implicit_megatron.hf.export import write_folder
 from implicit_megatron.hf.import_explicit import DEFAULT_BASE, read_source, source_name
 from implicit_megatron.models.registry import SPECS, spec_of
-from implicit_megatron.utils.json_config import read_json_config
 from implicit_megatron.utils.whole_folder import written_whole
 
 logger = logging.getLogger(__name__)
@@ -274,22 +274,14 @@ def export_released_from(path: str | Path, out_dir: str | Path, tag: str | None 
                          dtype: torch.dtype | None = None) -> Path:
     """`export_released` of a run's checkpoint (a checkpoints/ folder, `tag` or latest) or of one of
     our model folders (export/import output), in `dtype` (default: the dtype it is stored in)."""
-    from implicit_megatron.hf.export import (
-        CONFIG_FILE,
-        MODEL_FILE,
-        from_pretrained,
-        read_checkpoint,
-        read_folder_config,
-    )
+    from implicit_megatron.hf.export import from_pretrained, read_checkpoint
+    from implicit_megatron.hf.export_reader import MODEL_FILE, read_export_config
 
     path = Path(path)
-    if (path / MODEL_FILE).is_file():
-        stored = read_json_config(path / CONFIG_FILE).get("torch_dtype", "float32")
-        if stored not in STORED_DTYPES:
-            raise ValueError(f"{path / CONFIG_FILE}: torch_dtype {stored!r}: expected one of "
-                             f"{', '.join(STORED_DTYPES)}")
-        model = from_pretrained(path, dtype=STORED_DTYPES[stored])
-        cfg = read_folder_config(path)
+    if os.path.lexists(path / MODEL_FILE):
+        export = read_export_config(path)  # torch_dtype one of STORED_DTYPES' names, or none: float32
+        model = from_pretrained(path, dtype=STORED_DTYPES[export.dtype or "float32"])
+        cfg = export.cfg
     else:
         state, cfg = read_checkpoint(path, tag)
         model = build_model(cfg)

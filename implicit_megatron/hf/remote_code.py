@@ -5,7 +5,8 @@ transformers' AutoModelForCausalLM with `trust_remote_code=True` runs the folder
 the package's own source: each `im_*.py` is one module of the package (`im_models_llama_layer.py` is
 `implicit_megatron/models/llama/layer.py`) with its imports of the package made relative, and nothing else
 changed; the modules are those the transformers model needs (hf/model.py and hf/config.py, and what
-they import: both backbones, the implicit core and its stop rules, sequential-mode generation).
+they import: both backbones, the implicit core and its stop rules, sequential-mode generation, and
+the export's reader with the config's rules, so that the copy refuses a damaged folder as the package does).
 transformers copies a folder's code into its module cache by following `from .NAME import` lines
 only, so the modeling file names every module once that way.
 

@@ -186,11 +186,13 @@ def _named_checkpoint(path: Path) -> tuple[Path, str]:
 def source_weights(source: Source) -> dict[str, torch.Tensor]:
     """The fp32 weights a weights-only start loads into the model before the engine is built."""
     if source.how == "pretrained":
-        from implicit_megatron.checkpoints.weights_file import WeightsFileError, read_safetensors
+        from implicit_megatron.checkpoints.weights_file import read_safetensors
+        from implicit_megatron.hf.export_reader import read_export
 
         try:
+            read_export(source.folder)  # its config.json and the weights' header, as every reader of a folder
             return {k: v.float() for k, v in read_safetensors(source.folder / PRETRAINED_WEIGHTS).items()}
-        except WeightsFileError as err:
+        except (ValueError, FileNotFoundError) as err:  # ConfigError, WeightsFileError: each names the file
             raise RunRefused(f"checkpoint.load: {err}") from None
     return consolidated_weights(source.path, cast(Layout, source.saved))  # a tag's: not pretrained
 

@@ -85,13 +85,14 @@ def read_yaml_chain(path: str | os.PathLike, _seen: tuple[Path, ...] = ()) -> tu
     return merge(merged, sources, data, own_sources)
 
 
-def config_text(path: Path) -> str:
+def config_text(path: Path, kind: str = "YAML") -> str:
     """The text of a config file: a regular file (not a device, a FIFO or a folder) of at most
-    MAX_CONFIG_BYTES, read in UTF-8; anything else one ConfigError naming the file."""
+    MAX_CONFIG_BYTES, read in UTF-8; anything else one ConfigError naming the file. `kind`: YAML, or
+    JSON for a model folder's config.json (utils.json_config)."""
     try:
         info = path.stat()
         if not stat.S_ISREG(info.st_mode):
-            raise ConfigError(str(path), "", "is not a regular file (a config is a YAML file)")
+            raise ConfigError(str(path), "", f"is not a regular file (a config is a {kind} file)")
         with path.open("rb") as f:  # a size the file system reports may be 0 (/proc): read at most the limit
             raw = f.read(MAX_CONFIG_BYTES + 1)
     except FileNotFoundError:
@@ -103,7 +104,8 @@ def config_text(path: Path) -> str:
     try:
         return raw.decode("utf-8")
     except UnicodeDecodeError as err:
-        raise ConfigError(str(path), "", f"not UTF-8 text (byte {err.start}): not a YAML config, or damaged") from None
+        why = f"not UTF-8 text (byte {err.start}): not a {kind} config, or damaged"
+        raise ConfigError(str(path), "", why) from None
 
 
 def leaf_keys(mapping: dict, prefix: str = "") -> list[str]:

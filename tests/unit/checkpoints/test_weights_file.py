@@ -77,7 +77,7 @@ def test_a_config_that_does_not_describe_the_weights_is_refused_before_the_model
     export = write_tiny_export("mamba2-explicit", tmp_path)
     config = json.loads((export / "config.json").read_text())
     width, rows = config["implicit_megatron"]["model"]["d_model"], config["vocab_size"]  # rows: padded
-    config["implicit_megatron"]["model"]["d_model"] = 4096
+    config["implicit_megatron"]["model"]["d_model"] = config["hidden_size"] = 4096  # the config agrees with itself
     (export / "config.json").write_text(json.dumps(config))
     assert load_tool("generate").main([str(export), "--prompt", "ROMEO:", "--max-new-tokens", "2"]) == 2
     assert capsys.readouterr().err == (f"generate: {export / 'model.safetensors'}: embedding.weight is "

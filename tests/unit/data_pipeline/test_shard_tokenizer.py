@@ -204,3 +204,11 @@ def test_a_build_finished_before_the_identity_was_recorded_is_still_finished(tmp
     run_preprocess(config)
     assert "is already complete; nothing to do" in capsys.readouterr().err
     assert other_tokenizer(prefix, str(BPE)) is None
+
+
+def test_an_export_records_the_identity_of_its_tokenizer(exports):
+    """config.json says what the tokenizer does, as the shards' stats do: the two can be compared
+    without the files they came from."""
+    folder = exports["mamba2-explicit"]
+    recorded = json.loads((folder / "config.json").read_text())["tokenizer_identity"]
+    assert recorded == load_tokenizer(BPE).identity() == load_tokenizer(folder / "tokenizer.json").identity()
