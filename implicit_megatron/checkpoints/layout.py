@@ -25,12 +25,14 @@ from typing import cast
 from implicit_megatron.checkpoints import safe_load
 from implicit_megatron.config import Config
 from implicit_megatron.utils.names import child_path, name_problem
+from implicit_megatron.utils.received_file import UnreadableFile, read_small_file, read_small_json
 from implicit_megatron.utils.safe_write import replace_text
 
 LATEST = "latest"
 MODEL_STATES = "mp_rank_00_model_states.pt"  # ZeRO 0-2; ZeRO-3 writes one per rank:
 ZERO3_MODEL_STATES = "zero_pp_rank_0_mp_rank_00_model_states.pt"
 MANIFEST = "manifest.json"  # every file of a tag: size and CRC-32 (checkpoints.integrity)
+MAX_MANIFEST_BYTES = 64 * 2**20  # a line per file of a tag (and of its universal conversion)
 UNIVERSAL = "universal"  # the sub-folder of a tag that holds its universal conversion
 UNIVERSAL_TMP = f".{UNIVERSAL}.tmp"  # ... while it is written (renamed to UNIVERSAL when complete)
 UNIVERSAL_NOTE = "latest_universal"  # a line ds_to_universal leaves in the tag (its output's name); read by none
@@ -79,8 +81,8 @@ def read_latest(folder: Path) -> str | None:
     if not path.is_file():
         raise DamagedCheckpoint(path, "is not a file (a folder or a link to nothing?)")
     try:
-        tag = path.read_bytes().decode("utf-8").strip()
-    except UnicodeDecodeError:
+        tag = read_small_file(path, 4096, "one line of a checkpoint tag name").decode("utf-8").strip()
+    except (UnreadableFile, UnicodeDecodeError):
         tag = ""
     if not tag or step_of(tag) is None or name_problem(tag):
         raise DamagedCheckpoint(path, "does not hold a checkpoint tag name")
@@ -162,9 +164,10 @@ def saved_layout(path: Path) -> Layout:
 def recorded_val_loss(tag_dir: Path) -> float | None:
     """The validation loss a tag's manifest records (None: none, or no readable manifest)."""
     try:
-        return json.loads((tag_dir / MANIFEST).read_text()).get("val_loss")
-    except (OSError, ValueError, AttributeError):
+        loss = read_small_json(tag_dir / MANIFEST, MAX_MANIFEST_BYTES, "a checkpoint's manifest").get("val_loss")
+    except (UnreadableFile, AttributeError):
         return None
+    return float(loss) if type(loss) in (int, float) else None
 
 
 def prune(folder: Path, keep_last: int, latest: str, log=print) -> None:

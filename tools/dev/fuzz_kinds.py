@@ -134,6 +134,88 @@ def cache_errors() -> tuple[type[BaseException], ...]:
     return (ShardReadError,)
 
 
+# ------------------------------------------------------------------ a checkpoint tag
+
+
+def make_checkpoint(folder: Path, outside: Path) -> Path:
+    """A tag as the trainer saves one with ZeRO stage 0 on one rank: model states, random states and
+    the manifest written once both are."""
+    import torch
+
+    from implicit_megatron.checkpoints.integrity import write_manifest
+
+    tag = folder / "checkpoints" / "bounded-step4"
+    tag.mkdir(parents=True)
+    generator = torch.Generator().manual_seed(0)
+    module = {"embed.weight": torch.randn(16, 8, generator=generator), "norm.weight": torch.ones(8)}
+    torch.save({"module": module, "config": {"distributed": {"zero_stage": 0, "precision": "fp32"}},
+                "dp_world_size": 1, "global_steps": 4}, tag / "mp_rank_00_model_states.pt")
+    torch.save({"torch": torch.get_rng_state(), "step": 4}, tag / "rng_rank0.pt")
+    write_manifest(tag)
+    (tag.parent / "latest").write_text(tag.name + "\n")
+    return tag.parent
+
+
+def read_checkpoint(checkpoints: Path) -> object:
+    """What a resume does before DeepSpeed loads anything: the tag `latest` names, found and checked
+    whole, then its weights."""
+    from implicit_megatron.checkpoints import safe_load
+    from implicit_megatron.checkpoints.integrity import check_tag
+    from implicit_megatron.checkpoints.layout import find_checkpoint, tag_dir
+
+    folder, tag = find_checkpoint(checkpoints)
+    check_tag(tag_dir(folder, tag), crc=True)
+    saved = safe_load.load(tag_dir(folder, tag) / "mp_rank_00_model_states.pt", map_location="cpu")
+    return {name: tensor.tolist() for name, tensor in saved["module"].items()}
+
+
+def checkpoint_files(checkpoints: Path) -> list[Path]:
+    return [checkpoints / "latest", *sorted((checkpoints / "bounded-step4").iterdir())]
+
+
+def checkpoint_errors() -> tuple[type[BaseException], ...]:
+    from implicit_megatron.checkpoints.layout import DamagedCheckpoint
+    from implicit_megatron.checkpoints.safe_load import UnsafeCheckpoint
+
+    return (DamagedCheckpoint, UnsafeCheckpoint, FileNotFoundError)
+
+
+# ------------------------------------------------------------------ an exported folder
+
+
+def make_export(folder: Path, outside: Path) -> Path:
+    """A tiny explicit Mamba2 as tools/convert_checkpoint.py export writes it."""
+    import torch
+
+    from implicit_megatron import build_model, load_config
+    from implicit_megatron.hf.export import write_folder
+
+    cfg = load_config(ROOT / "configs" / "tiny" / "mamba2-explicit.yaml",
+                      ["model.d_model=32", "model.mamba2.headdim=8", f"data.tokenizer={TOKENIZER}"])
+    torch.manual_seed(0)
+    return write_folder(folder / "export", build_model(cfg).eval(), cfg, torch.float32, TOKENIZER)
+
+
+def read_export(folder: Path) -> object:
+    """What evaluation, generation and transformers' load do first: the folder read and checked,
+    the model built from it and its weights loaded."""
+    from implicit_megatron.hf.export import from_pretrained
+
+    model = from_pretrained(folder)
+    return {name: tensor.tolist() for name, tensor in model.state_dict().items()}
+
+
+def export_files(folder: Path) -> list[Path]:
+    return [folder / "config.json", folder / "model.safetensors"]
+
+
+def export_errors() -> tuple[type[BaseException], ...]:
+    from implicit_megatron.checkpoints.weights_file import WeightsFileError
+    from implicit_megatron.utils.typed_yaml import ConfigError
+
+    return (ConfigError, WeightsFileError, ValueError, FileNotFoundError)
+
+
 # ------------------------------------------------------------------ a YAML config and its base
 
 
@@ -211,13 +293,16 @@ def env_errors() -> tuple[type[BaseException], ...]:
 KINDS: dict[str, Kind] = {
     "shards": Kind("shards", make_shards, read_shards, (), shard_files),
     "index-cache": Kind("index-cache", make_index_cache, read_index_cache, (), cache_files),
-    "tokenizer": Kind("tokenizer", make_tokenizer, read_tokenizer, (ValueError, FileNotFoundError), lambda p: [p]),
+    "tokenizer": Kind("tokenizer", make_tokenizer, read_tokenizer, (ValueError, FileNotFoundError),
+                      lambda p: [p]),
+    "checkpoint": Kind("checkpoint", make_checkpoint, read_checkpoint, (), checkpoint_files),
+    "export": Kind("export", make_export, read_export, (), export_files, changes_are_data=True),
     "config": Kind("config", make_config, read_config, (), config_files, changes_are_data=True),
     "hostfile": Kind("hostfile", make_hostfile, read_hostfile, (), lambda p: [p], changes_are_data=True),
     "env-file": Kind("env-file", make_env_file, read_env_file, (), lambda home: [home / ".deepspeed_env"],
                      changes_are_data=True),
 }
-ERRORS = {"shards": shard_errors, "index-cache": cache_errors, "config": config_errors, "hostfile": hostfile_errors,
-          "env-file": env_errors}
+ERRORS = {"shards": shard_errors, "checkpoint": checkpoint_errors, "export": export_errors, "index-cache": cache_errors,
+          "config": config_errors, "hostfile": hostfile_errors, "env-file": env_errors}
 for _name, _errors in ERRORS.items():
     KINDS[_name].errors = _errors()

@@ -29,7 +29,8 @@ def load(name: str):
     return module
 
 
-@pytest.mark.parametrize("kind", ["shards", "index-cache", "tokenizer", "config", "hostfile", "env-file"])
+@pytest.mark.parametrize("kind", ["shards", "index-cache", "tokenizer", "checkpoint", "export", "config", "hostfile",
+                                  "env-file"])
 def test_every_reader_holds_to_its_word(kind, monkeypatch, tmp_path):
     fuzz, kinds = load("fuzz_received"), load("fuzz_kinds")
     if kind not in kinds.KINDS:
