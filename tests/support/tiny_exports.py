@@ -8,6 +8,17 @@ import torch
 
 from support.processes import ROOT
 
+# the start of a `python -c` script that runs an export's own code as in a Python without the package
+NO_PACKAGE = """
+import importlib.abc, json, sys
+
+class NoPackage(importlib.abc.MetaPathFinder):  # as in a Python where the package is not installed
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname.split(".")[0] in ("implicit_megatron", "data_pipeline"):
+            raise ModuleNotFoundError(f"No module named {fullname!r}", name=fullname)
+
+sys.meta_path.insert(0, NoPackage())
+"""
 MODELS = ["mamba2-explicit", "mamba2-implicit", "llama-explicit", "llama-implicit"]
 READS_Z = ("in_proj.weight", "q_proj.weight", "k_proj.weight", "v_proj.weight", "gate_proj.weight", "up_proj.weight")
 WRITES = ("out_proj.weight", "o_proj.weight", "down_proj.weight")  # into the residual stream

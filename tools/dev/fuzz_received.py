@@ -6,9 +6,10 @@ did that a reader must not.
 
 A case copies a valid artifact of the kind (shards with their stats, an index cache, a tokenizer
 recorded with shards, a YAML config with its `base:`, a hostfile, a launch's environment file, an
-export folder), changes one of its files (truncated, bits flipped, bytes overwritten, a number in
-a header or a text made huge, negative or a string, deep nesting, the file replaced by a symbolic
-or hard link to a file outside, a FIFO, a folder, nothing) and reads it with the kind's reader. It
+export, a checkpoint), changes one of its files (truncated, bits flipped, bytes overwritten, a
+count, size or dtype code of a binary header, a number of a text made huge, negative or a string, a
+dtype name swapped, deep nesting, a part repeated, the file replaced by a symbolic or hard link to a
+file outside, a FIFO, a folder, nothing) and reads it with the kind's reader. It
 passes when the reader raises its own error naming the artifact's file, or reads the same as from
 the valid artifact (where the kind's files are data to be read as sent, a config or a hostfile,
 any reading the reader accepts). A finding: any other exception (a traceback for the user), a
@@ -25,6 +26,7 @@ import random
 import re
 import shutil
 import signal
+import struct
 import sys
 import tempfile
 import time
@@ -54,13 +56,14 @@ class Timeout(BaseException):
 
 NUMBERS = re.compile(rb"-?\d+(\.\d+)?(e[+-]?\d+)?")
 ODD_NUMBERS = [b"0", b"-1", b"-64", b"1e308", b"99999999999999999999", b"3.5", b"NaN", b'"x"', b"[]", b"null"]
+HEADER_VALUES = [0, 1, -1, 7, 2**31 - 1, 2**31, 2**32, 2**62, 2**63 - 1, 2**64 - 1, -(2**63)]
 WORDS = [b"F32", b"I32", b"F64", b"BOOL", b"BF16", b"U8", b"true", b"false", b"null", b"~", b"{}", b"[]"]
 
 
 def mutate(path: Path, rng: random.Random, outside: Path) -> str:
     """Change `path` one seeded way; returns what was done."""
     data = path.read_bytes() if path.is_file() else b""
-    how = rng.choice(["truncate", "flip", "overwrite", "number", "word", "nest", "grow",
+    how = rng.choice(["truncate", "flip", "overwrite", "number", "word", "nest", "grow", "header",
                       "symlink", "hardlink", "fifo", "folder", "empty", "missing"])
     if how == "truncate" and data:
         cut = rng.randrange(len(data))
@@ -87,6 +90,15 @@ def mutate(path: Path, rng: random.Random, outside: Path) -> str:
             old = rng.choice(present)
             path.write_bytes(data.replace(old, rng.choice(WORDS), 1))
             return f"replaced {old.decode()} in {path.name}"
+    if how == "header" and len(data) >= 8:  # a count, a size or a dtype code of a binary header
+        at = rng.randrange(min(len(data), 64) - 7)
+        if rng.random() < 0.5:
+            value = rng.choice(HEADER_VALUES)
+            field = struct.pack("<q" if value < 0 else "<Q", value)
+        else:
+            field = bytes([rng.randrange(256)]) + data[at + 1:at + 8]
+        path.write_bytes(data[:at] + field + data[at + 8:])
+        return f"wrote a header field of {path.name} at {at}"
     if how == "nest":
         depth = rng.choice([200, 5000, 100000])
         path.write_bytes(b"[" * depth + b"]" * depth if rng.random() < 0.5 else b"a:\n" + b"- " * depth + b"1\n")

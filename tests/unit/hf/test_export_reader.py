@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from support.tiny_exports import NO_PACKAGE
 from transformers import AutoModelForCausalLM
 
 from implicit_megatron.evaluation.loading import load_model
@@ -79,20 +80,19 @@ def a_fifo(folder: Path) -> str:
     return f"{folder / 'config.json'}: not a regular file (a folder, a FIFO or a device)"
 
 
+def link_outside(folder: Path, name: str = "config.json") -> str:
+    outside = folder.parent / f"elsewhere-{name}"
+    (folder / name).rename(outside)
+    (folder / name).symlink_to(outside)
+    return f"{folder / name}: a symbolic link to {outside}, outside {folder}: an export folder holds its own files"
+
+
 def a_link_outside(folder: Path) -> str:
-    outside = folder.parent / "elsewhere.json"
-    (folder / "config.json").rename(outside)
-    (folder / "config.json").symlink_to(outside)
-    return (f"{folder / 'config.json'}: a symbolic link to {outside}, outside {folder}: an export folder holds its "
-            "own files")
+    return link_outside(folder)
 
 
 def weights_link_outside(folder: Path) -> str:
-    outside = folder.parent / "elsewhere.safetensors"
-    (folder / "model.safetensors").rename(outside)
-    (folder / "model.safetensors").symlink_to(outside)
-    return (f"{folder / 'model.safetensors'}: a symbolic link to {outside}, outside {folder}: an export folder "
-            "holds its own files")
+    return link_outside(folder, "model.safetensors")
 
 
 DAMAGES = [n_layers_zero, negative_width, no_vocabulary_multiple, integer_tensor, not_json, a_folder, a_fifo,
@@ -171,16 +171,7 @@ def test_a_bfloat16_export_and_a_saved_one_load(exports, tmp_path):
     assert torch.equal(from_pretrained(tmp_path / "saved")(ids), model(ids))
 
 
-WITHOUT_THE_PACKAGE = """
-import importlib.abc, json, sys
-
-class NoPackage(importlib.abc.MetaPathFinder):  # as in a Python where the package is not installed
-    def find_spec(self, fullname, path=None, target=None):
-        if fullname.split(".")[0] in ("implicit_megatron", "data_pipeline"):
-            raise ModuleNotFoundError(f"No module named {fullname!r}", name=fullname)
-
-sys.meta_path.insert(0, NoPackage())
-from transformers import AutoModelForCausalLM
+WITHOUT_THE_PACKAGE = NO_PACKAGE + """from transformers import AutoModelForCausalLM
 
 said = {}
 for folder in json.loads(sys.argv[1]):

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from support.tiny_exports import NO_PACKAGE
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from implicit_megatron.hf.remote_code import MODELING_FILE, bundle
@@ -24,16 +25,7 @@ NEW_TOKENS = 4
 CASES = [("mamba2-implicit", "token"), ("mamba2-implicit", "batch"), ("llama-implicit", "token"),
          ("llama-implicit", "batch"), ("mamba2-explicit", "token"), ("llama-explicit", "token")]
 
-WITHOUT_THE_PACKAGE = """
-import importlib.abc, json, sys
-
-class NoPackage(importlib.abc.MetaPathFinder):  # as in a Python where the package is not installed
-    def find_spec(self, fullname, path=None, target=None):
-        if fullname.split(".")[0] in ("implicit_megatron", "data_pipeline"):
-            raise ModuleNotFoundError(f"No module named {fullname!r}", name=fullname)
-
-sys.meta_path.insert(0, NoPackage())
-import torch
+WITHOUT_THE_PACKAGE = NO_PACKAGE + """import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 cases, prompts, new_tokens, out = json.loads(sys.argv[1]), json.loads(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
