@@ -110,6 +110,8 @@ def validate(cfg: Config, fail, world_size: int | None = None) -> None:
     m = cfg.model
     for key in ("d_model", "n_layers", "vocab_size", "pad_vocab_multiple"):
         positive(f"model.{key}", getattr(m, key))
+    non_negative("model.init_std", m.init_std)
+    positive("model.norm_eps", m.norm_eps)
     if not 0 <= m.embedding_dropout < 1:
         fail("model.embedding_dropout", f"expected a probability in [0, 1), got {m.embedding_dropout}")
     spec_of(m.arch).check(settings_of(m), m.d_model, fail)  # the backbone's own section (models/<arch>/spec.py)

@@ -47,6 +47,8 @@ class LlamaSpec(BackboneSpec):
         if d_model % s.n_heads or (d_model // s.n_heads) % 2:
             fail("model.llama.n_heads", f"d_model {d_model} must split into n_heads {s.n_heads} heads "
                                         "of even size (RoPE rotates pairs)")
+        if not 1 < s.rope_theta < math.inf:  # the base of RoPE's frequencies
+            fail("model.llama.rope_theta", f"expected a finite value above 1, got {s.rope_theta}")
         if s.n_kv_heads is not None and (s.n_kv_heads <= 0 or s.n_heads % s.n_kv_heads):
             fail("model.llama.n_kv_heads", f"must divide n_heads {s.n_heads}, got {s.n_kv_heads}")
 

@@ -70,6 +70,15 @@ class Mamba2Spec(BackboneSpec):
             value = getattr(s, key)
             if not value > 0 or value == math.inf:
                 fail(f"model.mamba2.{key}", f"expected a positive finite value, got {value}")
+        for key in ("dt_min", "dt_max", "dt_init_floor"):  # their logarithms start dt
+            value = getattr(s, key)
+            if not value > 0 or value == math.inf:
+                fail(f"model.mamba2.{key}", f"expected a positive finite value, got {value}")
+        if not s.dt_min <= s.dt_max:
+            fail("model.mamba2.dt_max", f"expected at least dt_min ({s.dt_min}), got {s.dt_max}")
+        low, high = s.A_init_range
+        if not 0 < low <= high < math.inf:
+            fail("model.mamba2.A_init_range", f"expected 0 < low <= high (finite), got {list(s.A_init_range)}")
         inner = s.inner_width(d_model)
         if inner % s.headdim:
             fail("model.mamba2.headdim", f"expand*d_model = {inner} is not divisible by headdim {s.headdim}")

@@ -160,6 +160,19 @@ def test_model_shape_checks():
     assert error_of(CONFIGS / "tiny/llama-explicit.yaml", ["model.llama.n_kv_heads=3"]).key == "model.llama.n_kv_heads"
 
 
+@pytest.mark.parametrize("config, override, key", [
+    ("mamba2", "model.mamba2.dt_min=-1.0", "model.mamba2.dt_min"),  # math domain error at init
+    ("mamba2", "model.mamba2.dt_max=0.0001", "model.mamba2.dt_max"),  # below dt_min
+    ("mamba2", "model.mamba2.A_init_range=[1.0, -64.0]", "model.mamba2.A_init_range"),
+    ("mamba2", "model.init_std=.nan", "model.init_std"),  # torch's 'normal expects std >= 0.0'
+    ("mamba2", "model.norm_eps=0.0", "model.norm_eps"),
+    ("llama", "model.llama.rope_theta=0.5", "model.llama.rope_theta")])
+def test_initialisation_settings_are_checked_by_name(config, override, key):
+    """Found by tools/dev/fuzz_received.py in an export's config.json: settings the model is built
+    from, each ending in a traceback at build time (or NaN weights) until named here."""
+    assert error_of(CONFIGS / f"tiny/{config}-explicit.yaml", [override]).key == key
+
+
 def test_yaml_file_problems(tmp_path):
     assert "not found" in str(error_of(tmp_path / "missing.yaml"))
     assert "not valid YAML" in str(error_of(write(tmp_path, "broken.yaml", "model: [1,\n")))
