@@ -54,7 +54,10 @@ def received_caches(prefixes: Sequence[str], cache_dir: str) -> list[str]:
 
 
 def say_received_ignored(prefixes: Sequence[str], cache_dir: str) -> None:
-    """One line per process and folder: the cache beside the shards is not what this run reads."""
+    """One line per folder, from the first rank (or a process launched alone): the cache beside the
+    shards is not what this run reads."""
+    if os.environ.get("RANK", "0") != "0":
+        return
     for beside in received_caches(prefixes, cache_dir):
         if beside not in _SAID:
             _SAID.add(beside)
