@@ -1,6 +1,7 @@
 """The check before a launch: a config's own rules, and what needs the world around it.
 
     implicit_megatron.load_config(path, overrides, world_size, check_files=True, check_data=False)
+    checked_configs(path, overrides, world_size)   each launch's config (a curriculum's: one per phase)
 
 `python -m implicit_megatron.config`, launch/pretrain.sh (through it) and every rank load configs
 here. `implicit_megatron.config.read_config` checks a config on its own (types, ranges, batch
@@ -14,9 +15,13 @@ training tasks, which `config` never imports. Errors name the file and key at fa
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 from implicit_megatron.config import Config, blame, read_config
+from implicit_megatron.config.plan import own_launches
+from implicit_megatron.config.reading import read_curriculum
+from implicit_megatron.utils.typed_yaml import ConfigError
 
 
 def load_config(path: str | os.PathLike, overrides: list[str] | tuple[str, ...] = (),
@@ -258,3 +263,35 @@ def validate_catbabi(cfg: Config, fail, check_files: bool, check_data: bool) -> 
             split_windows(c.folder, split, c.split_answers, cfg.data.seq_len, None)
         except ValueError as err:
             fail("data.seq_len", str(err))
+
+
+def phase_configs(config: str, overrides: list[str], world_size: int | None = None,
+                  check_files: bool = False, check_data: bool = False) -> list[Config]:
+    """Every phase's config as its own launch will load it; a phase that names its processes is
+    checked for its own data-parallel size, the others for `world_size`."""
+    phases = read_curriculum(config, overrides).phases
+    if not phases:
+        raise ConfigError(config, "curriculum.phases", "no phases; run this config with launch/pretrain.sh")
+    configs = []
+    for phase in phases:
+        size = world_size
+        if phase.launch.processes_per_node is not None:
+            size = (phase.launch.num_nodes or 1) * phase.launch.processes_per_node
+        configs.append(load_config(config, [*overrides, f"curriculum.run_phase={phase.name}"], world_size=size,
+                                   check_files=check_files, check_data=check_data))
+    return configs
+
+
+def checked_configs(config: str, overrides: list[str], world_size: int | None = None,
+                    check: bool = True) -> list[Config]:
+    """CONFIG as each launch will load it (a curriculum whose phases run as launches of their own:
+    one per phase), its files and data checked with `check`; what a user should know is printed as
+    notes. Raises ConfigError."""
+    curriculum = read_curriculum(config, overrides)
+    if curriculum.run_phase is None and own_launches(curriculum.phases):
+        configs = phase_configs(config, overrides, world_size=world_size, check_files=check, check_data=check)
+    else:
+        configs = [load_config(config, overrides, world_size=world_size, check_files=check, check_data=check)]
+    for note in dict.fromkeys(n for cfg in configs for n in notes(cfg)):
+        print(f"note: {note}", file=sys.stderr)
+    return configs

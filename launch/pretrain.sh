@@ -25,11 +25,11 @@ if [ "${1:-}" = "-h" ] || [ "${1:-}" = "--help" ]; then  # the header above, wit
   sed -n '2,/^set -euo pipefail/p' "$0" | sed -e '$d' -e 's/^# \{0,1\}//'
   exit 0
 fi
-# A stop asked while this sets up is the launch's: it ends before any rank starts.
-trap 'export IMPLICIT_MEGATRON_STOP_ASKED=SIGTERM' TERM
-trap 'export IMPLICIT_MEGATRON_STOP_ASKED="SIGHUP (the terminal closed)"' HUP
 root="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$root"
+# A stop asked while this sets up is the launch's: it ends before any rank starts. The stop signals
+# and the variable that hands one on are implicit_megatron/run_control.py's (standard library only).
+eval "$("${PYTHON:-python3}" -S -m implicit_megatron.run_control --shell-traps 2> /dev/null || true)"
 rank=""  # a rank already (started by a launcher, or one srun task of several): no set-up here
 if [ -n "${RANK:-}" ] && [ -n "${LOCAL_RANK:-}" ]; then rank=1; fi
 if [ -n "${SLURM_PROCID:-}" ] && [ "${SLURM_NTASKS:-1}" != 1 ]; then rank=1; fi

@@ -19,6 +19,7 @@ import torch
 from implicit_megatron.checkpoints import safe_load
 from implicit_megatron.checkpoints.integrity import expected_files, refuse_stray_files
 from implicit_megatron.checkpoints.layout import Layout
+from implicit_megatron.deepspeed_internals import OPTIM_STATES_SUFFIX
 from implicit_megatron.utils.lean_imports import import_deepspeed
 
 
@@ -29,7 +30,7 @@ def consolidated_weights(path: Path, saved: Layout) -> dict[str, torch.Tensor]:
     states = safe_load.load(files[0], map_location="cpu", mmap=True)
     if saved.zero_stage == 0:
         return {k: v.float() for k, v in states["module"].items()}
-    shards = [f for f in files if f.name.endswith("_optim_states.pt")]
+    shards = [f for f in files if f.name.endswith(OPTIM_STATES_SUFFIX)]
     first = safe_load.load(shards[0], map_location="cpu", mmap=True)["optimizer_state_dict"]
     if "zero_stage" not in first:  # BF16_Optimizer: DeepSpeed's ZeRO optimizers record their stage
         return flat_partition_weights(states, shards, files[0])

@@ -27,16 +27,20 @@ from implicit_megatron.checkpoints import safe_load
 from implicit_megatron.checkpoints.layout import (
     MANIFEST,
     MAX_MANIFEST_BYTES,
-    MODEL_STATES,
     UNIVERSAL,
-    UNIVERSAL_NOTE,
     UNIVERSAL_TMP,
-    ZERO3_MODEL_STATES,
     DamagedCheckpoint,
     step_of,
     tags_by_step,
 )
 from implicit_megatron.checkpoints.weights_file import nonfinite_count
+from implicit_megatron.deepspeed_internals import (
+    MODEL_STATES,
+    UNIVERSAL_NOTE,
+    ZERO3_MODEL_STATES,
+    optim_states_file,
+    zero3_model_states_file,
+)
 from implicit_megatron.utils.own_files import foreign_entry
 from implicit_megatron.utils.received_file import UnreadableFile, read_small_json
 from implicit_megatron.utils.safe_write import replace_text
@@ -93,18 +97,18 @@ def expected_files(tag_dir: Path, crc: bool = True) -> list[Path]:
     world, stage = int(saved.get("dp_world_size", 1)), int(distributed["zero_stage"])
     files = [states]  # first: it has been checked here already
     if states.name == ZERO3_MODEL_STATES:
-        files += [tag_dir / f"zero_pp_rank_{r}_mp_rank_00_model_states.pt" for r in range(1, world)]
+        files += [tag_dir / zero3_model_states_file(r) for r in range(1, world)]
     files += [tag_dir / f"rng_rank{r}.pt" for r in range(world)]
     if stage >= 1:  # partitioned optimizers write one shard per rank, named as DeepSpeed names them on save
-        prefix = "bf16_" if distributed.get("precision") == "bf16" else ""  # and load: by the engine's precision
-        files += [tag_dir / f"{prefix}zero_pp_rank_{r}_mp_rank_00_optim_states.pt" for r in range(world)]
+        bf16 = distributed.get("precision") == "bf16"  # and load: by the engine's precision
+        files += [tag_dir / optim_states_file(r, bf16) for r in range(world)]
     return files
 
 
 def refuse_stray_files(tag_dir: Path, expected: list[Path]) -> None:
     """UnsafeCheckpoint naming the first entry of `tag_dir` that is not one of its `expected` files,
     its manifest or its universal conversion (checked where used). DeepSpeed's loaders pick their
-    files by pattern (`*_model_states.pt`, an optimizer prefix) and unpickle them in full: a file
+    files by pattern (every model-states file, an optimizer prefix) and unpickle them in full: a file
     planted beside a tag's own would be read, and could run code."""
     own = {p.name for p in expected} | {MANIFEST}
     for entry in sorted(tag_dir.iterdir()):

@@ -1,7 +1,8 @@
 """Where a run's checkpoints live and what their files are called, read without DeepSpeed.
 
     {output_dir}/checkpoints/latest                one line: the newest complete tag
-    {output_dir}/checkpoints/{phase}-step{N}/      a tag: DeepSpeed's files, rng_rank{r}.pt, manifest.json
+    {output_dir}/checkpoints/{phase}-step{N}/      a tag: DeepSpeed's files (deepspeed_internals names them),
+                                                   rng_rank{r}.pt, manifest.json
     {output_dir}/checkpoints/{tag}/universal/      its universal conversion (checkpoints.universal)
     {output_dir}/checkpoints/.partial-{tag}/       a tag being written (renamed when every rank is done)
 
@@ -24,19 +25,16 @@ from typing import cast
 
 from implicit_megatron.checkpoints import safe_load
 from implicit_megatron.config import Config
+from implicit_megatron.deepspeed_internals import MODEL_STATES, ZERO3_MODEL_STATES  # DeepSpeed's names (re-exported)
 from implicit_megatron.utils.names import child_path, name_problem
 from implicit_megatron.utils.received_file import UnreadableFile, read_small_file, read_small_json
 from implicit_megatron.utils.safe_write import replace_text
 
 LATEST = "latest"
-MODEL_STATES = "mp_rank_00_model_states.pt"  # ZeRO 0-2; ZeRO-3 writes one per rank:
-ZERO3_MODEL_STATES = "zero_pp_rank_0_mp_rank_00_model_states.pt"
 MANIFEST = "manifest.json"  # every file of a tag: size and CRC-32 (checkpoints.integrity)
 MAX_MANIFEST_BYTES = 64 * 2**20  # a line per file of a tag (and of its universal conversion)
 UNIVERSAL = "universal"  # the sub-folder of a tag that holds its universal conversion
 UNIVERSAL_TMP = f".{UNIVERSAL}.tmp"  # ... while it is written (renamed to UNIVERSAL when complete)
-UNIVERSAL_NOTE = "latest_universal"  # a line ds_to_universal leaves in the tag (its output's name); read by none
-UNIVERSAL_INFO = "universal_checkpoint_info"  # a client-state key DeepSpeed's conversion looks for
 PARTIAL = ".partial-"  # a tag is written under this prefix and renamed when every rank has finished
 PRETRAINED_WEIGHTS = "model.safetensors"  # a folder written by tools/convert_checkpoint.py export/import
 RUN_ID = "run_id"  # in a checkpoints folder: the run whose checkpoints these are (see own_run_id)
@@ -135,6 +133,11 @@ class Layout:
     def plain_optimizer(self) -> bool:
         """ZeRO-0 without bf16 keeps torch's optimizer state whole, the same at every world size."""
         return self.zero_stage == 0 and self.precision != "bf16"
+
+    def loads_natively_into(self, now: Layout) -> bool:
+        """DeepSpeed's own load restores an optimizer state saved under this layout into `now`: the same
+        layout, or plain optimizers on both sides."""
+        return self == now or (self.plain_optimizer and now.plain_optimizer)
 
 
 def model_states_file(path: Path) -> Path:

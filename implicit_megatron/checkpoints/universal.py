@@ -27,14 +27,14 @@ from implicit_megatron.checkpoints.integrity import (
     require_complete,
     unvouched_universal,
 )
-from implicit_megatron.checkpoints.layout import (
+from implicit_megatron.checkpoints.layout import UNIVERSAL, UNIVERSAL_TMP, find_checkpoint, saved_layout
+from implicit_megatron.deepspeed_internals import (
     MODEL_STATES,
-    UNIVERSAL,
     UNIVERSAL_NOTE,
-    UNIVERSAL_TMP,
+    UNIVERSAL_OPTIMIZER_STATE,
+    UNIVERSAL_ZERO,
     ZERO3_MODEL_STATES,
-    find_checkpoint,
-    saved_layout,
+    universal_param_file,
 )
 from implicit_megatron.errors import RunRefused
 from implicit_megatron.utils.lean_imports import import_deepspeed
@@ -180,16 +180,15 @@ def _readable_by_every_stage(universal: Path) -> None:
     """Make a conversion load under every ZeRO stage.
 
     DeepSpeed writes a universal checkpoint in a ZeRO-1/2 or a ZeRO-3 form, and each stage's
-    loader reads its own form only: the optimizer's global state (zero/optimizer_state.pt) under
-    other keys, and per parameter a {"param": full-shaped tensor} dict plus step.pt (ZeRO-1/2)
-    or a bare flat tensor (ZeRO-3). Write the ZeRO-1/2 form, which both loaders read, and add the
+    loader reads its own form only: the optimizer's global state under other keys, and per
+    parameter a {"param": full-shaped tensor} dict plus a file of its step (ZeRO-1/2) or a bare
+    flat tensor (ZeRO-3). Write the ZeRO-1/2 form, which both loaders read, and add the
     ZeRO-3 keys of the global state.
     """
     import_deepspeed()
     import deepspeed
 
-    zero = universal / "zero"
-    path = zero / "optimizer_state.pt"
+    path = universal / UNIVERSAL_ZERO / UNIVERSAL_OPTIMIZER_STATE
     sd = safe_load.load(path)
     if "optimizer_state_dict" in sd:  # written from ZeRO-3
         step = sd["optimizer_state_dict"]["state"][0]["step"]
@@ -198,13 +197,13 @@ def _readable_by_every_stage(universal: Path) -> None:
             shapes.update(group)
         for name, shape in shapes.items():
             for key in ("fp32", "exp_avg", "exp_avg_sq"):
-                tensor = safe_load.load(zero / name / f"{key}.pt")
+                tensor = safe_load.load(universal / universal_param_file(name, key))
                 if not isinstance(tensor, dict):
-                    torch.save({"param": tensor.view(shape)}, zero / name / f"{key}.pt")
-            if not (zero / name / "step.pt").exists():
-                torch.save(step, zero / name / "step.pt")
+                    torch.save({"param": tensor.view(shape)}, universal / universal_param_file(name, key))
+            if not (universal / universal_param_file(name, "step")).exists():
+                torch.save(step, universal / universal_param_file(name, "step"))
     else:  # written from ZeRO-1/2: the ZeRO-3 loader reads the step from here
-        step_file = next(zero.glob("*/step.pt"), None)
+        step_file = next(universal.glob(universal_param_file("*", "step")), None)
         step = safe_load.load(step_file) if step_file else 0
         sd["optimizer_state_dict"] = {"state": {0: {"step": step}}, "param_groups": sd["param_groups"]}
     sd.setdefault("param_groups", sd["optimizer_state_dict"]["param_groups"])

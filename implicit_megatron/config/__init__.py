@@ -1,6 +1,7 @@
 """Typed run configuration: YAML files (with `base:`), dotted overrides, validation.
 
-    schema.py     every key, its type and default, as dataclasses; phase_bounds
+    schema.py     every key, its type and default, as dataclasses
+    plan.py       the curriculum's phases over a run's steps (phase_bounds, run_bounds, plan_phases)
     reading.py    read_config: a YAML file, its `base:` chain and overrides, then the rules
     rules.py      the config's own rules across fields (shapes, solver, curriculum, batches)
     __main__.py   `python -m implicit_megatron.config CONFIG [key=value ...]`: check and print a config
@@ -9,6 +10,7 @@ Plain data: nothing here imports the trainer, evaluation or the data pipeline. W
 data or a task is implicit_megatron.prelaunch's (`implicit_megatron.load_config` runs both).
 """
 
+from implicit_megatron.config.plan import phase_bounds
 from implicit_megatron.config.reading import blame, read_config
 from implicit_megatron.config.schema import (
     AndersonSettings,
@@ -32,7 +34,6 @@ from implicit_megatron.config.schema import (
     TrainConfig,
     WandbConfig,
     WordProblemConfig,
-    phase_bounds,
 )
 
 __all__ = ["AndersonSettings", "CatbabiConfig", "CheckpointConfig", "Config", "CurriculumConfig", "DataConfig",

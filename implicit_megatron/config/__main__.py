@@ -15,7 +15,7 @@ import sys
 
 import yaml
 
-from implicit_megatron.train.curriculum import checked_configs
+from implicit_megatron.prelaunch import checked_configs
 from implicit_megatron.utils.typed_yaml import ConfigError, dashed_override
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 
 from implicit_megatron.config.rules import validate
-from implicit_megatron.config.schema import Config
+from implicit_megatron.config.schema import Config, CurriculumConfig
 from implicit_megatron.utils.typed_yaml import (
     COMMAND_LINE,
     ConfigError,
@@ -32,6 +32,14 @@ def read_config(path: str | os.PathLike, overrides: list[str] | tuple[str, ...] 
     _apply_run_phase(cfg, sources)
     validate(cfg, blame(cfg), world_size)
     return cfg
+
+
+def read_curriculum(path: str | os.PathLike, overrides: list[str] | tuple[str, ...] = ()) -> CurriculumConfig:
+    """CONFIG's curriculum section, typed, before the rules: what a curriculum of launches is made
+    of (each phase's launch then reads and checks the whole config, curriculum.run_phase set)."""
+    data, sources = read_yaml_chain(path)
+    data, sources = apply_overrides(data, sources, list(overrides))
+    return build_dataclass(Config, data, sources).curriculum
 
 
 def blame(cfg: Config):

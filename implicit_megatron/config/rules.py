@@ -10,7 +10,8 @@ import math
 import os
 from collections.abc import Iterator
 
-from implicit_megatron.config.schema import COMMAND_LINE_ONLY, PHASE_SOLVER_KEYS, Config, phase_bounds
+from implicit_megatron.config.plan import phase_bounds
+from implicit_megatron.config.schema import COMMAND_LINE_ONLY, PHASE_SOLVER_KEYS, Config
 from implicit_megatron.models.registry import settings_of, spec_of
 from implicit_megatron.utils.names import CONTROL_CHARACTERS, name_problem
 from implicit_megatron.utils.typed_yaml import COMMAND_LINE

@@ -1,5 +1,5 @@
-"""The run config as typed dataclasses: every key, its type and default (the sections below), and
-`phase_bounds`, the steps each curriculum phase covers. Plain data: nothing here reads a file.
+"""The run config as typed dataclasses: every key, its type and default (the sections below).
+Plain data: nothing here reads a file.
 """
 
 from __future__ import annotations
@@ -333,17 +333,3 @@ PHASE_SOLVER_KEYS = tuple(f.name for f in fields(PhaseConfig) if f.name in {g.na
 # run): a launch's own decision, so taken from its command line only (config.rules refuses them in a
 # file) and never saved with the run, where a copy of its config would carry them to the next launch.
 COMMAND_LINE_ONLY = ("checkpoint.trust_pickle", "checkpoint.accept_foreign_checkpoint")
-
-
-# --------------------------------------------------------------------------- phases
-
-
-def phase_bounds(cfg: Config) -> list[tuple[PhaseConfig, int, int]]:
-    """Each phase with its [first_step, end_step) over train.steps."""
-    bounds, start, acc = [], 0, 0.0
-    for phase in cfg.curriculum.phases:
-        acc += phase.fraction
-        end = cfg.train.steps if phase is cfg.curriculum.phases[-1] else round(acc * cfg.train.steps)
-        bounds.append((phase, start, end))
-        start = end
-    return bounds

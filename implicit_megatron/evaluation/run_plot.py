@@ -71,11 +71,12 @@ def last_record_per_step(records: list[dict]) -> dict[int, dict]:
 def recorded_phase_ranges(folder: Path) -> list[tuple[str, int, int]] | None:
     """(phase, first step, end step) as the run's newest checkpoint records them; None without one."""
     from implicit_megatron.checkpoints.layout import DamagedCheckpoint, read_client_state, read_latest
+    from implicit_megatron.config.plan import recorded_bounds
 
     checkpoints = folder / "checkpoints"
     try:
         tag = read_latest(checkpoints) if checkpoints.is_dir() else None
-        ranges = read_client_state(checkpoints / tag).get("phase_bounds") if tag else None
+        ranges = recorded_bounds(read_client_state(checkpoints / tag)) if tag else None
     except (DamagedCheckpoint, OSError, ValueError, RuntimeError):
         return None  # a checkpoint that cannot be read: the config's fractions instead
     return [(str(name), int(start), int(end)) for name, start, end in ranges] if ranges else None

@@ -9,7 +9,7 @@ NCCL, each `KEY=VALUE` line of its environment file (DS_ENV_FILE, default `.deep
 home and the working directory), and the working directory itself. A value with more than
 `[\\w@%+=:,./-]` goes in double quotes, where a shell still runs `$(...)` and backquotes and a `"`
 ends the quoting; the directory goes in bare. The launch (supervisor.py) passes its ranks what a rank on one
-node gets (FORWARDED: the thread count, the stop file, its own process and host) through an
+node gets (FORWARDED: the thread count, the launch itself: run_control.LAUNCH) through an
 environment file of this launch's own, the user's lines first: every one of those values, whatever
 its name, goes through `unsafe_value` too, so nothing from a received environment file, a job script
 or a shared profile runs on a node.
@@ -23,12 +23,12 @@ import tempfile
 from pathlib import Path
 
 from implicit_megatron.launch.environment import PROG, LaunchError
+from implicit_megatron.run_control import LAUNCH
 from implicit_megatron.utils.received_file import UnreadableFile, read_small_file
 
 PREFIXES = ("MLFLOW", "PYTHON", "MV2", "UCX", "NCCL")  # DeepSpeed's EXPORT_ENVS and the CUDA/ROCm accelerator's
 # what the launch hands its ranks on every node through the environment file
-FORWARDED = ("IMPLICIT_MEGATRON_LAUNCHER_STOP_FILE", "IMPLICIT_MEGATRON_LAUNCH_PID", "IMPLICIT_MEGATRON_LAUNCH_HOST",
-             "OMP_NUM_THREADS", "TOKENIZERS_PARALLELISM", "DS_ACCELERATOR")
+FORWARDED = (LAUNCH, "OMP_NUM_THREADS", "TOKENIZERS_PARALLELISM", "DS_ACCELERATOR")
 MAX_ENV_FILE_BYTES = 1 << 20  # KEY=VALUE lines for a node's shell
 NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 BARE = re.compile(r"[\w@%+=:,./-]+")  # what DeepSpeed leaves unquoted

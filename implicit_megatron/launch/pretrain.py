@@ -4,9 +4,9 @@ launch/pretrain.sh sets up the environment where needed and hands over to this (
 the variables do). In order, before any process starts: the settings read and checked
 (environment.py), every value for another node's shell checked (node_shell.py), the world counted
 (world.py, the hostfile read by our own code), the config checked for that world, the output folder
-taken by no other run. Then the launcher (command.py) runs under supervisor.py, which turns SIGTERM,
-SIGHUP and Ctrl-C into the graceful stop. A process that is a rank already (RANK and LOCAL_RANK set
-by a launcher, or one `srun` task of several) becomes that rank instead.
+taken by no other run. Then the launcher (command.py) runs under supervisor.py, which turns the stop
+signals (implicit_megatron/run_control.py) into the graceful stop. A process that is a rank already
+(RANK and LOCAL_RANK set by a launcher, or one `srun` task of several) becomes that rank instead.
 
 Exit status: 0 for a finished run or a graceful stop, 2 for a refusal (one line naming what is
 wrong), 130 after a second Ctrl-C, otherwise the launcher's.
@@ -15,18 +15,17 @@ wrong), 130 after a second Ctrl-C, otherwise the launcher's.
 from __future__ import annotations
 
 import os
-import signal
 import sys
 from pathlib import Path
 
 from implicit_megatron.launch import node_shell
 from implicit_megatron.launch.command import RANK_MODULE, launcher_command
 from implicit_megatron.launch.environment import PROG, LaunchEnvironment, LaunchError, slurm_task_rank
-from implicit_megatron.launch.supervisor import Signals, supervise
+from implicit_megatron.launch.supervisor import LaunchResult, supervise
 from implicit_megatron.launch.world import world_of
-from implicit_megatron.train.curriculum import checked_configs
+from implicit_megatron.prelaunch import checked_configs
+from implicit_megatron.run_control import STOP_ASKED, StopSignals, ignore_stop_signals, install_stop_signals
 from implicit_megatron.train.process.run_lock import in_use
-from implicit_megatron.train.stopping import STOP_ASKED_BEFORE_START
 from implicit_megatron.utils.typed_yaml import ConfigError
 
 DEFAULT_CONFIG = "configs/quickstart.yaml"
@@ -38,13 +37,12 @@ def without_local_rank(argv: list[str]) -> list[str]:
     return [a for a in argv if not a.startswith(("--local_rank=", "--local-rank="))]
 
 
-def be_the_rank(environ: dict[str, str], python: str, args: list[str], signals: Signals) -> None:
+def be_the_rank(environ: dict[str, str], python: str, args: list[str], signals: StopSignals) -> None:
     """exec the rank. A stop asked already is the rank's to honour; one between here and the rank's
     own handler is ignored rather than fatal (a rank killed by it fails the whole job)."""
     if signals.asked():
-        environ[STOP_ASKED_BEFORE_START] = signals.asked() or "SIGTERM"
-    for signum in (signal.SIGTERM, signal.SIGHUP):
-        signal.signal(signum, signal.SIG_IGN)
+        environ[STOP_ASKED] = signals.asked() or "SIGTERM"
+    ignore_stop_signals()
     os.execvpe(python, [python, "-m", RANK_MODULE, *args], environ)
 
 
@@ -59,8 +57,8 @@ def checked_config(args: list[str], world_size: int) -> tuple[str, str | None]:
     return str(first.output_dir), first.tracking.uri
 
 
-def launch(argv: list[str], environ: dict[str, str], signals: Signals) -> int:
-    """One launch of CONFIG [overrides] with `environ`; its exit status (LaunchError: refused)."""
+def launch(argv: list[str], environ: dict[str, str], signals: StopSignals) -> LaunchResult:
+    """One launch of CONFIG [overrides] with `environ` (LaunchError: refused)."""
     args = without_local_rank(argv) or [DEFAULT_CONFIG]
     environ = {**DEFAULTS, **environ}
     env = LaunchEnvironment.read(environ)
@@ -86,9 +84,9 @@ def launch(argv: list[str], environ: dict[str, str], signals: Signals) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    signals = Signals().install(signal.SIGTERM, signal.SIGHUP)
+    signals = install_stop_signals(interrupt=False)  # Ctrl-C: once the ranks run (before, it ends the launch)
     try:
-        return launch(sys.argv[1:] if argv is None else argv, dict(os.environ), signals)
+        return launch(sys.argv[1:] if argv is None else argv, dict(os.environ), signals).status
     except LaunchError as err:
         print(err, file=sys.stderr)
         return 2

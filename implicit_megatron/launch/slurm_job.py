@@ -3,8 +3,11 @@
 launch/examples/slurm.sbatch hands over to this on the allocation's first node. The job's counts
 are checked (sbatch's --export=ALL may bring the submitting shell's values where SLURM sets none),
 the rendezvous is the allocation's first node, and `srun` starts one task per GPU (per CPU process
-on nodes without GPUs), each running launch/pretrain.sh as one rank. A run that stopped gracefully
-(preempted.json in its folder, exit 0) requeues its job; a finished or failed one does not.
+on nodes without GPUs), each running launch/pretrain.sh as one rank. `srun` is this launch's
+launcher, run by the launch's own supervisor (supervisor.py): a stop signal sent to the job's batch
+process (SIGTERM, SIGHUP, or SLURM's `--signal=B:...` warning, whichever run_control.STOP_SIGNALS
+takes) asks the ranks for the graceful stop, as one sent to the tasks themselves does. A run that
+stopped gracefully (its run's end says so) requeues its job; a finished or failed one does not.
 
 This runs outside any container (`srun` and `scontrol` are the host's): it imports only the
 standard library, so the host's python3 is enough; the config check and the ranks run in the image
@@ -14,14 +17,14 @@ standard library, so the host's python3 is enough; the config check and the rank
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 from implicit_megatron.launch.environment import LaunchError, first_host, whole_number
-from implicit_megatron.train.stopping import PREEMPTED_FILE
+from implicit_megatron.launch.supervisor import supervise
+from implicit_megatron.run_control import StopSignals, install_stop_signals
 
 PROG = "slurm.sbatch"
 USAGE = "usage: sbatch launch/examples/slurm.sbatch CONFIG [key=value ...]"
@@ -70,6 +73,7 @@ def runner(environ: dict[str, str], here: Path) -> tuple[list[str], str]:
 
 
 def main(argv: list[str], environ: dict[str, str]) -> int:
+    signals = install_stop_signals(StopSignals(environ), interrupt=False)  # a stop during the check: no rank starts
     if not argv or argv[0].startswith("-"):
         print(USAGE, file=sys.stderr)
         return 2
@@ -80,34 +84,20 @@ def main(argv: list[str], environ: dict[str, str]) -> int:
         print(err, file=sys.stderr)
         return 2
     run, python = runner(environ, here)
-    # the run's folder, where a graceful stop leaves preempted.json; a bad config ends the job here
+    # the run's folder, where the stop request and the run's end go; a bad config ends the job here
     checked = subprocess.run([*run, python, "-m", "implicit_megatron.config", *argv, "--world-size", str(job.world),
                               "--get", "output_dir"], stdout=subprocess.PIPE, text=True)
     if checked.returncode != 0:
         return checked.returncode
-    output_dir = Path(checked.stdout.strip())
-    asked: list[int] = []  # a stop asked of the job (SIGTERM, SIGHUP) is every rank's graceful stop
-
-    def pass_on(signum, frame) -> None:
-        asked.append(signum)
-        if steps is not None:
-            steps.send_signal(signal.SIGTERM)
-
-    steps: subprocess.Popen | None = None
-    for signum in (signal.SIGTERM, signal.SIGHUP):
-        signal.signal(signum, pass_on)
-    steps = subprocess.Popen(["srun", f"--ntasks={job.world}", f"--ntasks-per-node={job.per_node}",
-                              "--kill-on-bad-exit=1", *run, "bash", "launch/pretrain.sh", *argv],
-                             env=job.task_environment(environ))
-    if asked:  # while the config was checked: the ranks stop at their start-up, with a checkpoint
-        steps.send_signal(signal.SIGTERM)
-    rc = steps.wait()
-    preempted = output_dir / PREEMPTED_FILE
-    if rc == 0 and preempted.is_file():
+    srun = ["srun", f"--ntasks={job.world}", f"--ntasks-per-node={job.per_node}", "--kill-on-bad-exit=1", *run,
+            "bash", "launch/pretrain.sh", *argv]
+    result = supervise(srun, Path(checked.stdout.strip()), job.task_environment(environ), signals, multi_node=False,
+                       tracking_uri=None, prog=PROG)
+    if result.stopped and result.end is not None:
         job_id = environ.get("SLURM_JOB_ID", "")
-        print(f"{PROG}: stopped gracefully ({preempted.read_text().strip()}); requeueing job {job_id}", flush=True)
+        print(f"{PROG}: stopped gracefully ({result.end.describe()}); requeueing job {job_id}", flush=True)
         subprocess.run(["scontrol", "requeue", job_id], check=False)
-    return rc
+    return result.status
 
 
 if __name__ == "__main__":

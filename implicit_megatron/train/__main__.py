@@ -1,8 +1,10 @@
 """Per-rank entry: python -m implicit_megatron.train CONFIG [key=value ...].
 
-Exit status: 0 when the run finished or stopped gracefully (SIGTERM: see docs/training.md), 2 when the
-launch was refused (a bad config, a held output folder, a checkpoint that does not fit: one line
-from rank 0, no traceback), 1 on a failure (with its traceback).
+Exit status: 0 when the run finished or stopped gracefully (a stop signal: see docs/training.md), 2
+when the launch was refused (a bad config, a held output folder, a checkpoint that does not fit: one
+line from rank 0, no traceback), 1 on a failure (with its traceback), 3 when its launch is gone.
+However it ends, once its output folder is known, rank 0 writes the run's end there
+(run_control.RunEnd, here and nowhere else), which the launch reads.
 """
 
 from __future__ import annotations
@@ -11,12 +13,13 @@ import argparse
 import base64
 import faulthandler
 import functools
-import json
 import os
 import sys
 from pathlib import Path
 
+from implicit_megatron.errors import ORPHANED, REFUSED, first_line
 from implicit_megatron.prelaunch import load_config
+from implicit_megatron.run_control import Launch, RunEnd
 from implicit_megatron.train import stopping
 from implicit_megatron.train.process import quiet
 from implicit_megatron.utils.ports import free_port
@@ -56,37 +59,55 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("a config file is required, e.g. configs/quickstart.yaml (overrides are optional)")
     os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
     faulthandler.enable()  # a fatal signal (SIGBUS from a file cut under a memory map) prints where it came
-    stopping.install()  # until Trainer.fit installs its own
+    stopping.signals()  # taken once, for the whole process
     output_dir_seen: list[str] = []
     try:
-        return _run(args, output_dir_seen.append)
+        end = _run(args, output_dir_seen.append)
     except stopping.StoppedDuringStartUp:
-        if int(os.environ.get("RANK", "0")) == 0:
-            if output_dir_seen:  # tells launch/pretrain.sh the stop was graceful
-                from implicit_megatron.train.stopping import PREEMPTED_FILE
+        end = RunEnd("stopped", 0, reason=f"{stopping.requested() or 'SIGTERM'} during start-up")
+        _speak(f"[train] stopped by {end.reason}, before the first step: nothing was trained or saved; launch "
+               "again to resume")
+    except BaseException as err:
+        if not isinstance(err, (KeyboardInterrupt, SystemExit)) and output_dir_seen and output_dir_seen[-1]:
+            _record(output_dir_seen[-1], RunEnd("failed", 1, reason=first_line(err)))
+        raise
+    if output_dir_seen and output_dir_seen[-1]:
+        _record(output_dir_seen[-1], end)
+    return end.exit_status
 
-                Path(output_dir_seen[-1]).mkdir(parents=True, exist_ok=True)
-                Path(output_dir_seen[-1], PREEMPTED_FILE).write_text(json.dumps({"step": None, "checkpoint": None})
-                                                                     + "\n")
-            print(f"[train] stopped by {stopping.requested() or 'SIGTERM'} during start-up, before the first step: "
-                  "nothing was trained or saved; "
-                  "launch again to resume", flush=True)
-        return 0
+
+def _first() -> bool:
+    """Rank 0: the rank that speaks for all, and writes the run's end."""
+    return int(os.environ.get("RANK", "0")) == 0
 
 
-def _run(args, seen_output) -> int:
-    first = int(os.environ.get("RANK", "0")) == 0  # the rank that speaks for all
+def _speak(line: str, err: bool = False) -> None:
+    if _first():
+        print(line, file=sys.stderr if err else sys.stdout, flush=True)
+
+
+def _record(output_dir: str, end: RunEnd) -> None:
+    """The run's end, for the launch (rank 0; a folder it cannot write keeps the exit status alone)."""
+    if _first():
+        try:
+            Path(output_dir).mkdir(parents=True, exist_ok=True)
+            end.write(Path(output_dir))
+        except OSError as err:
+            _speak(f"[train] warning: the run's end could not be recorded in {output_dir} ({err.strerror or err})",
+                   err=True)
+
+
+def _run(args, seen_output) -> RunEnd:
     quiet.settle(int(os.environ.get("RANK", "0")))
     try:
         cfg = load_config(args.config, args.overrides, world_size=int(os.environ.get("WORLD_SIZE", "1")),
                           check_data=True)
     except ConfigError as err:
-        if first:
-            print(f"config error: {err}", file=sys.stderr)
-        return 2
+        _speak(f"config error: {err}", err=True)
+        return RunEnd("refused", REFUSED, reason=f"config error: {err}")
     seen_output(cfg.output_dir)
     if "LOCAL_RANK" in os.environ:  # started by a launcher: end with it (a kill -9 leaves no one to stop us)
-        _exit_with_launcher(os.getppid(), _tracked_run(cfg) if first else None)
+        _exit_with_launcher(os.getppid(), cfg.output_dir, _tracked_run(cfg) if _first() else None)
     if "RANK" not in os.environ:  # a plain `python -m` run: a world of one process, on a free port
         os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
                           MASTER_PORT=os.environ.get("MASTER_PORT") or str(free_port()))
@@ -98,41 +119,40 @@ def _run(args, seen_output) -> int:
             if rank == 0 else None
     except (RunLocked, OSError) as err:
         print(f"error: {err}", file=sys.stderr, flush=True)
-        return 2
+        seen_output(None)  # the folder is another run's: nothing is written into it
+        return RunEnd("refused", REFUSED, reason=str(err))
     try:
         stopping.check()
     except stopping.StoppedDuringStartUp:
         if lock is not None:
             lock.release()
         raise
-    from implicit_megatron.errors import REFUSED, RunRefused, RunStopped
+    from implicit_megatron.errors import RunRefused, RunStopped
     from implicit_megatron.train.loop import Trainer
 
     try:
-        Trainer(cfg).fit()
+        end = Trainer(cfg).fit()
         _leave_process_group()
+        return end
     except RunRefused as err:  # every rank refuses together: the group can be torn down as after a run
-        if rank == 0:
-            print(f"error: {err}", file=sys.stderr, flush=True)
+        _speak(f"error: {err}", err=True)
         _leave_process_group()
-        return REFUSED
+        return RunEnd("refused", REFUSED, reason=str(err))
     except RunStopped as err:  # its message says everything: no traceback
-        if rank == 0:
-            print(f"error on rank {rank}: {type(err).__name__}: {err}", file=sys.stderr, flush=True)
-        return 1
+        _speak(f"error on rank {rank}: {type(err).__name__}: {err}", err=True)
+        return RunEnd("failed", 1, reason=str(err))
     except Exception as err:  # one clear line before the traceback that follows
         from implicit_megatron.train.stall_watch import name_timeout
 
         line = name_timeout(err, rank, cfg.distributed.collective_timeout_minutes)
         if line is not None:  # a process group's or the store's own timeout: the line says it all
             print(line, file=sys.stderr, flush=True)
-            return 1
+            return RunEnd("failed", 1, reason=line)
         print(f"error on rank {rank}: {type(err).__name__}: {err}", file=sys.stderr, flush=True)
         raise
     finally:
         if lock is not None:
             lock.release()
-    return 0
 
 
 def _tracked_run(cfg) -> tuple[str, str] | None:
@@ -148,24 +168,24 @@ def _tracked_run(cfg) -> tuple[str, str] | None:
     return str(folder), cfg.tracking.uri or os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{folder / STORE}"
 
 
-def _exit_with_launcher(launcher: int, tracked_run: tuple[str, str] | None) -> None:
-    """torchrun and the DeepSpeed launcher start ranks in sessions of their own, and launch/pretrain.sh
+def _exit_with_launcher(launcher: int, output_dir: str, tracked_run: tuple[str, str] | None) -> None:
+    """torchrun and the DeepSpeed launcher start ranks in sessions of their own, and the launch
     starts the launcher in one of its own, so a kill -9 of the launch's process group leaves them
-    training. Watchers end this rank once its launcher, or the pretrain.sh that started it on this
-    host, is gone, as preprocessing's workers do (the run lock of a dead rank is taken over by the
-    next launch), with exit status ORPHANED, which our torchrun says nothing about. The end is said
-    once, in one line: by rank 0, which records its MLflow run (`tracked_run`: folder and store) as
-    KILLED first."""
+    training. Watchers end this rank once its launcher, or the launch that started it
+    (run_control.Launch) where it runs on this host and this rank can see it, is gone, as
+    preprocessing's workers do (the run lock of a dead rank is taken over by the next launch), with
+    exit status ORPHANED, which our torchrun says nothing about. The end is said once, in one line:
+    by rank 0, which records its MLflow run (`tracked_run`: folder and store) as KILLED first, and the
+    run's end."""
     import socket
     import threading
 
-    from data_pipeline.processes import exit_when_gone
-    from implicit_megatron.errors import ORPHANED
+    from data_pipeline.processes import exit_when_gone, process_running
 
-    rank0, spoken = int(os.environ.get("RANK", "0")) == 0, threading.Lock()
+    spoken = threading.Lock()
 
     def last_words(what: str) -> None:
-        if not rank0 or not spoken.acquire(blocking=False):  # one line, whichever watcher sees it first
+        if not _first() or not spoken.acquire(blocking=False):  # one line, whichever watcher sees it first
             return
         recorded = ""
         if tracked_run is not None:
@@ -177,13 +197,15 @@ def _exit_with_launcher(launcher: int, tracked_run: tuple[str, str] | None) -> N
                 recorded = f"; its MLflow run could not be recorded as KILLED ({type(err).__name__})"
         print(f"[train] {what} is gone (killed): this launch ends here, what was trained since the last "
               f"checkpoint is lost{recorded}", file=sys.stderr, flush=True)
+        _record(output_dir, RunEnd("killed", ORPHANED, reason=f"{what} is gone"))
 
     exit_when_gone(launcher, code=ORPHANED,
                    before_exit=functools.partial(last_words, f"the launcher of the ranks (process {launcher})"))
-    script = os.environ.get("IMPLICIT_MEGATRON_LAUNCH_PID")
-    if script and os.environ.get("IMPLICIT_MEGATRON_LAUNCH_HOST") == socket.gethostname():
-        exit_when_gone(int(script), code=ORPHANED,
-                       before_exit=functools.partial(last_words, f"launch/pretrain.sh (process {script})"))
+    launch = Launch.of(os.environ)
+    # another host's launch, or one this rank cannot see (a container with a process namespace of its own)
+    if launch and launch.host == socket.gethostname() and process_running(launch.pid, launch.start_ticks):
+        exit_when_gone(launch.pid, code=ORPHANED,
+                       before_exit=functools.partial(last_words, f"launch/pretrain.sh (process {launch.pid})"))
 
 
 def _leave_process_group() -> None:

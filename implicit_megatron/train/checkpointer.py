@@ -1,12 +1,12 @@
 """The trainer's checkpoints: where a launch starts from, resuming into the engine, and saving.
 
 Where the files go and what makes a tag complete is implicit_megatron.checkpoints (layout,
-integrity); which checkpoint a launch starts from is train/handoff.py's decision. Here: preparing
-that start before the engine exists (a universal conversion, a weights-only load), the load of a
-tag into the engine (its state, the RNG; the parts of the run, train/run_state.py, take theirs
-back; refused when the data order changed), and the save of what the parts give: the engine's
-files into `.partial-{tag}` on every rank, then the manifest, the rename and `latest` once all
-are done, and pruning.
+integrity); which checkpoint a launch starts from is train/handoff.py's decision, and how each kind
+of start loads is train/starts.py's. Here: the start prepared in order before the engine exists
+(rank 0's choice given to every rank, then its kind's work), the load into the engine (its kind's,
+then the RNG; the parts of the run, train/run_state.py, take theirs back; refused when the data
+order changed), and the save of what the parts give: the engine's files into `.partial-{tag}` on
+every rank, then the manifest, the rename and `latest` once all are done, and pruning.
 """
 
 from __future__ import annotations
@@ -25,47 +25,28 @@ from implicit_megatron.checkpoints import safe_load
 from implicit_megatron.checkpoints.integrity import write_manifest
 from implicit_megatron.checkpoints.layout import (
     PARTIAL,
-    UNIVERSAL,
-    UNIVERSAL_INFO,
     DamagedCheckpoint,
     Layout,
     checkpoint_dir,
-    own_run_id,
     prune,
-    read_client_state,
     read_latest,
-    remove_partial,
     tag_dir,
     write_latest,
 )
 from implicit_megatron.checkpoints.safe_load import UnsafeCheckpoint
-from implicit_megatron.checkpoints.universal import to_universal
-from implicit_megatron.checkpoints.weights import model_settings_changed
 from implicit_megatron.config import Config
+from implicit_megatron.deepspeed_internals import UNIVERSAL_INFO, engine_writes_wrapped
 from implicit_megatron.errors import RunRefused, RunStopped
 from implicit_megatron.tracking.metrics_file import drop_metrics_after
 from implicit_megatron.tracking.run_record import git_state
-from implicit_megatron.train.deepspeed_internals import engine_writes_wrapped
-from implicit_megatron.train.handoff import (
-    Source,
-    find_source,
-    load_source_weights,
-    refuse_foreign_tag,
-    resume_tag,
-    shape_error,
-)
+from implicit_megatron.train.handoff import OwnStart, read_own_start
 from implicit_megatron.train.run_state import DataPosition, RngState, gathered
+from implicit_megatron.train.starts import Start, find_source, nonfinite_weights
 from implicit_megatron.utils.safe_write import OUT_OF_ROOM, room_cause_of
 
 
 class CheckpointSaveError(RunStopped):
     """A save that failed (full disk, permissions): the run stops, `latest` is untouched."""
-
-
-def nonfinite_weights(module: torch.nn.Module) -> list[str]:
-    """The parameters of `module` holding NaN or infinity on this rank (ZeRO-3: its partitions)."""
-    return [name for name, p in module.named_parameters()
-            if not bool(torch.isfinite(getattr(p, "ds_tensor", p).detach()).all())]
 
 
 def refuse_nonfinite_weights(module: torch.nn.Module, folder: Path, tag: str) -> None:
@@ -185,34 +166,15 @@ def save(engine, cfg: Config, tag: str, client_state: dict, val_loss: float | No
     return folder / tag
 
 
-def load(engine, cfg: Config, source: Source, fingerprint=None) -> dict:
-    """Load `source` (see handoff.find_source) into the engine; returns the client state.
+def load(engine, cfg: Config, source: Start, fingerprint=None) -> dict:
+    """Load `source` (see starts.find_source) into the engine; returns the client state.
 
-    A resume restores everything; a handoff or a start from checkpoint.load restores what
-    checkpoint.load_* ask for. Weights-only starts were loaded into the model before the engine
-    was built (Checkpointer.prepare), so only the client state is read here.
+    Its kind loads what it holds (Start.into_engine: DeepSpeed's load, or nothing where the weights
+    went into the model before the engine was built); then what every start restores alike: the
+    data position where asked (refused when the data order changed) and, for a resume at the same
+    world size, the RNG.
     """
-    if source.how == "pretrained":
-        return {"loaded_from": str(source.folder)}
-    if source.how == "weights":
-        client_state = read_client_state(source.path)
-    else:
-        folder, tag = (source.path, UNIVERSAL) if source.how == "universal" else (source.folder, source.tag)
-        # The optimizer's hyperparameters come from this run's config (DeepSpeed's ZeRO-3 universal
-        # load would give every parameter group the first group's weight decay); the LR is set per step.
-        groups = [{k: v for k, v in g.items() if k != "params"} for g in engine.optimizer.param_groups]
-        try:
-            with safe_load.weights_only_loads():  # whichever files DeepSpeed picks, none runs code
-                _, client_state = engine.load_checkpoint(str(folder), tag=tag, load_optimizer_states=True,
-                                                         load_lr_scheduler_states=False)
-        except RuntimeError as err:  # load_state_dict's size mismatch or missing keys
-            if model_settings_changed(source.path, cfg) or "state_dict" in str(err):
-                raise shape_error(source, cfg, err) from None
-            raise
-        if client_state is None:
-            raise RuntimeError(f"{source.path}: DeepSpeed could not load this checkpoint")
-        for group, settings in zip(engine.optimizer.param_groups, groups):
-            group.update(settings)
+    client_state = source.into_engine(engine, cfg)
     if source.load_data_state:
         client_state["extended"] = _check_data_signature(cfg, client_state, source.path, fingerprint)
     rng = source.path / f"rng_rank{dist.get_rank()}.pt"
@@ -263,52 +225,27 @@ class Checkpointer:
 
     def __init__(self, cfg: Config, rank: int, world: int, log, before_latest: Callable[[str], None]) -> None:
         self.cfg, self.rank, self.world, self.log, self.before_latest = cfg, rank, world, log, before_latest
-        self.source: Source | None = None
+        self.source: Start | None = None
         self.run_id: str | None = None  # this run's (checkpoints.layout.own_run_id), set by prepare
 
-    def prepare(self, model: torch.nn.Module) -> Source | None:
-        """Find the checkpoint to start from; convert it or load its weights as the layout requires."""
+    def prepare(self, model: torch.nn.Module) -> Start | None:
+        """Find the checkpoint to start from, and do what its kind needs before the engine exists (a
+        universal conversion, its weights into the model)."""
         # rank 0 reads the checkpoint files once; every rank starts from its choice
-        chosen: list[str | None] = [None, None, None]
-        if self.rank == 0:
-            remove_partial(self.cfg, self.log)
-            try:
-                chosen[0] = resume_tag(self.cfg, self.log)
-                adopt = read_client_state(checkpoint_dir(self.cfg) / chosen[0]).get("run_id") if chosen[0] else None
-                chosen[2] = own_run_id(checkpoint_dir(self.cfg), adopt, self.log)
-                if chosen[0]:
-                    refuse_foreign_tag(self.cfg, chosen[0], cast(str, chosen[2]))  # own_run_id's
-            except (DamagedCheckpoint, UnsafeCheckpoint, RunRefused, OSError) as err:
-                chosen[1] = str(err)
-        dist.broadcast_object_list(chosen, src=0)
-        if chosen[1]:
-            raise RunRefused(f"checkpoint error: {chosen[1]}")
-        self.run_id = chosen[2]
+        shared: list[OwnStart | None] = [read_own_start(self.cfg, self.log) if self.rank == 0 else None]
+        dist.broadcast_object_list(shared, src=0)
+        own = cast(OwnStart, shared[0])
+        if own.error:
+            raise RunRefused(f"checkpoint error: {own.error}")
+        self.run_id = own.run_id
         try:
-            source = self.source = find_source(self.cfg, self.world, chosen[0])
+            source = self.source = find_source(self.cfg, self.world, own.tag)
         except (DamagedCheckpoint, UnsafeCheckpoint, FileNotFoundError) as err:  # checkpoint.load's, named
             raise RunRefused(f"checkpoint error: {err}") from None
         if source is None:
             return None
-        self.log(f"starting from {source.path} ({'resume' if source.resuming else 'handoff/load'}, {source.how})")
-        error = None
-        if source.how == "universal" and self.rank == 0:
-            try:
-                to_universal(source.path, log=self.log)
-            except (RuntimeError, OSError) as err:
-                error = str(err)
-        shared = [error]
-        dist.broadcast_object_list(shared, src=0)  # every rank fails together instead of hanging
-        if shared[0]:
-            raise RunStopped(shared[0])
-        if source.how in ("weights", "pretrained"):
-            fresh = load_source_weights(model, source, self.cfg)
-            if fresh:
-                self.log(f"kept the fresh initialisation of {len(fresh)} tensors: {', '.join(fresh[:4])}")
-            bad = nonfinite_weights(model)
-            if bad:
-                raise RunRefused(f"{source.path}: its weights hold values that are not finite (NaN or inf) in "
-                                 f"{', '.join(bad[:3])}{', ...' if len(bad) > 3 else ''}: nothing would train")
+        self.log(f"starting from {source.describe()}")
+        source.before_engine(model, self.cfg, self.rank, self.log)
         return source
 
     @property
@@ -329,7 +266,7 @@ class Checkpointer:
             self._drop_records_after(0)  # of a launch that died before its first checkpoint
             return None
         state = load(engine, self.cfg, source, fingerprint=data.fingerprint)
-        if "step" in state:  # a model folder (how == "pretrained") starts at step 0
+        if "step" in state:  # a start without a client state (a model folder) starts at step 0
             if source.resuming or self.cfg.curriculum.run_phase is not None or source.load_data_state:
                 progress.load_state_dict(state)
             if source.load_data_state:

@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from implicit_megatron.config import Config
-from implicit_megatron.train.deepspeed_internals import default_group_timeout, without_shm_comm_op
+from implicit_megatron.deepspeed_internals import default_group_timeout, without_shm_comm_op
 from implicit_megatron.train.optim import build_optimizer
 from implicit_megatron.utils.lean_imports import import_deepspeed
 
@@ -69,7 +69,7 @@ def deepspeed_config(cfg: Config, world_size: int, load_universal: bool = False)
         # Accumulate and reduce bf16 gradients in fp32, as Megatron does (DeepSpeed supports it from ZeRO-1).
         **({"data_types": {"grad_accum_dtype": "fp32"}}
            if precision == "bf16" and cfg.distributed.zero_stage >= 1 else {}),
-        # Loading a checkpoint saved at another world size or ZeRO stage (see train/handoff.py).
+        # Loading a checkpoint saved at another world size or ZeRO stage (see train/starts.py).
         **({"checkpoint": {"load_universal": True}} if load_universal else {}),
         "steps_per_print": 2**31 - 1,
         "wall_clock_breakdown": False,

@@ -1,66 +1,47 @@
-"""Which checkpoint a launch starts from, and how it gets into this launch's layout.
+"""Which checkpoint a launch starts from: the choice of tag, before its kind (train/starts.py) is known.
 
 A launch starts from (1) its own `latest` checkpoint: a *resume* when that checkpoint belongs to
 the phase being run, a *phase handoff* when it ended an earlier phase (`curriculum.run_phase`);
-or (2) `checkpoint.load`, another run's checkpoint. A resume restores everything (the optimizer
-state unless checkpoint.load_optimizer=false); a handoff or a load restores the weights and, as
-checkpoint.load_optimizer / load_data_state say, the optimizer state and the data position. The
-step count, and with it the LR schedule, always continues across a handoff.
+or (2) `checkpoint.load`, another run's checkpoint or a model folder. A resume restores everything
+(the optimizer state unless checkpoint.load_optimizer=false); a handoff or a load restores the
+weights and, as checkpoint.load_optimizer / load_data_state say, the optimizer state and the data
+position. The step count, and with it the LR schedule, always continues across a handoff.
 
-The layout (data-parallel size, ZeRO stage, precision) may differ from the one that saved:
-- same layout, or plain optimizers on both sides (ZeRO-0 in fp32/fp16, whose state is whole):
-  DeepSpeed's own load;
-- otherwise, with the optimizer state: the checkpoint is converted once to a DeepSpeed universal
-  checkpoint (`<tag>/universal`, by deepspeed.checkpoint.ds_to_universal) and loaded from there;
-- weights only: the consolidated fp32 weights go into the model before the engine is built,
-  which works for every layout (DeepSpeed's module-only load does not at another ZeRO-3 size).
+Rank 0 reads this run's own checkpoints once (`read_own_start`: the tag to resume, the run id, or
+why the launch cannot start) and every rank starts from that record. `StartContext` is what each kind of
+start reads to decide whether it applies; how the layout that saved a tag decides its kind is
+train/starts.py's.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import functools
+from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import cast
 
-import torch
-
-from implicit_megatron.checkpoints.consolidate import consolidated_weights
 from implicit_megatron.checkpoints.integrity import check_tag, fallback_hint, newest_complete, require_complete
 from implicit_megatron.checkpoints.layout import (
     LATEST,
     MODEL_STATES,
-    PRETRAINED_WEIGHTS,
     RUN_ID,
     ZERO3_MODEL_STATES,
     DamagedCheckpoint,
     Layout,
     checkpoint_dir,
+    own_run_id,
     phase_of,
     read_client_state,
     read_latest,
+    remove_partial,
     saved_layout,
     step_of,
     tags_by_step,
     write_latest,
 )
-from implicit_megatron.checkpoints.weights import load_weights, model_settings_changed
+from implicit_megatron.checkpoints.safe_load import UnsafeCheckpoint
+from implicit_megatron.checkpoints.weights import model_settings_changed
 from implicit_megatron.config import Config
 from implicit_megatron.errors import RunRefused
-
-
-@dataclass
-class Source:
-    folder: Path  # a checkpoints/ folder, or an exported/imported model folder
-    tag: str  # "" for a model folder
-    resuming: bool  # this run's own checkpoint, same phase: restore everything
-    saved: Layout | None  # None for a model folder
-    load_optimizer: bool
-    load_data_state: bool
-    how: str = "native"  # native | universal | weights | pretrained (a model folder: weights, step 0)
-
-    @property
-    def path(self) -> Path:
-        return self.folder / self.tag
 
 
 def resume_tag(cfg: Config, log) -> str | None:
@@ -133,83 +114,100 @@ def refuse_foreign_tag(cfg: Config, tag: str, run_id: str) -> None:
                          "checkpoint.accept_foreign_checkpoint=true")
 
 
-def find_source(cfg: Config, world_size: int, tag: str | None) -> Source | None:
-    """The checkpoint this launch starts from and how to load it; None for a fresh start.
-    `tag` is this run's own tag to resume from (`resume_tag`, chosen by rank 0)."""
+@dataclass(frozen=True)
+class OwnStart:
+    """Rank 0's reading of this run's own checkpoints, broadcast to every rank, which all start from it."""
+
+    tag: str | None = None  # this run's own tag to resume from (None: it has none)
+    run_id: str | None = None  # this run's id (checkpoints.layout.own_run_id), saved with its checkpoints
+    error: str | None = None  # why the launch cannot start (a damaged or foreign checkpoint), for every rank
+
+
+def read_own_start(cfg: Config, log) -> OwnStart:
+    """(Rank 0) Remove the saves a kill interrupted, then choose the tag to resume (`resume_tag`),
+    take the run's id and refuse a tag that is not this run's; an error is returned, not raised, so
+    that every rank fails with it."""
+    remove_partial(cfg, log)
     own = checkpoint_dir(cfg)
-    c = cfg.checkpoint
-    if tag is not None:
-        run_phase = cfg.curriculum.run_phase
-        resuming = run_phase is None or phase_of(tag) in (run_phase, None)
-        # A resume restores the data position always, the optimizer state unless load_optimizer=false
-        # (a fresh optimizer: the way to resume under a layout its state cannot convert to).
-        source = Source(own, tag, resuming, saved_layout(own / tag), c.load_optimizer, resuming or c.load_data_state)
-    elif c.load and (Path(c.load) / PRETRAINED_WEIGHTS).is_file():
-        return Source(Path(c.load), "", False, None, False, False, how="pretrained")
-    elif c.load:
-        folder, tag = _named_checkpoint(Path(c.load))
-        source = Source(folder, tag, False, saved_layout(folder / tag), c.load_optimizer, c.load_data_state)
-    else:
-        return None
-    changed = model_settings_changed(source.path, cfg)
-    if changed and source.load_optimizer:  # DeepSpeed's loaders would fail deep inside, or not at all
-        raise RunRefused(f"{source.path}: the checkpoint's model does not fit this config's ({changed}); restore "
-                         "those settings (its weights and optimizer state load only into a model of the same shape)")
-    now = Layout(world_size, cfg.distributed.zero_stage, cfg.distributed.precision)
-    saved = cast(Layout, source.saved)  # read only where an optimizer state loads: from a tag, which has one
-    if not source.load_optimizer:
-        source.how = "weights"
-    elif saved == now or (saved.plain_optimizer and now.plain_optimizer):
-        source.how = "native"
-    elif saved.plain_optimizer or now.plain_optimizer:
-        raise RunRefused(
-            f"{source.path}: saved under ZeRO-{saved.zero_stage} {saved.precision} on "
-            f"{saved.world_size} processes, loading under ZeRO-{now.zero_stage} {now.precision} on "
-            f"{now.world_size}: a plain (ZeRO-0, not bf16) optimizer state converts only to another plain one. "
-            "Keep both sides plain, or set checkpoint.load_optimizer=false to start the optimizer afresh")
-    else:
-        source.how = "universal"
-    return source
+    try:
+        tag = resume_tag(cfg, log)
+        run_id = own_run_id(own, read_client_state(own / tag).get("run_id") if tag else None, log)
+        if tag:
+            refuse_foreign_tag(cfg, tag, run_id)
+    except (DamagedCheckpoint, UnsafeCheckpoint, RunRefused, OSError) as err:
+        return OwnStart(error=str(err))
+    return OwnStart(tag=tag, run_id=run_id)
 
 
-def _named_checkpoint(path: Path) -> tuple[Path, str]:
-    """checkpoint.load names a checkpoints/ folder (its `latest` is used) or one tag folder in it."""
+@dataclass(frozen=True, kw_only=True)
+class Found:
+    """A DeepSpeed checkpoint tag to start from, and what of it this launch restores; its kind
+    (train/starts.py) follows from `saved` against this launch's layout."""
+
+    folder: Path  # a checkpoints/ folder
+    tag: str
+    resuming: bool  # this run's own checkpoint, same phase: restore everything
+    saved: Layout
+    load_optimizer: bool
+    load_data_state: bool
+
+    @property
+    def path(self) -> Path:
+        return self.folder / self.tag
+
+    def keywords(self) -> dict:
+        """The fields, as keywords for a start of any kind."""
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+class StartContext:
+    """What each kind of start reads to decide whether it applies: the config, this launch's layout,
+    this run's own tag to resume (rank 0's `read_own_start`), and the DeepSpeed tag it names or
+    checkpoint.load does (`checkpoint`, found once, when a kind first asks)."""
+
+    def __init__(self, cfg: Config, world_size: int, own_tag: str | None) -> None:
+        self.cfg, self.own_tag = cfg, own_tag
+        self.now = Layout(world_size, cfg.distributed.zero_stage, cfg.distributed.precision)
+
+    @property
+    def load_path(self) -> Path | None:
+        """checkpoint.load, where this launch has no tag of its own to resume (which comes first)."""
+        load = self.cfg.checkpoint.load
+        return Path(load) if load and self.own_tag is None else None
+
+    @functools.cached_property
+    def checkpoint(self) -> Found | None:
+        """The DeepSpeed tag to start from: this run's own, else the one checkpoint.load names (None:
+        neither; a model folder is no tag). A checkpoint whose optimizer state is to load must hold a
+        model of this config's shape: DeepSpeed's loaders would fail deep inside, or not at all."""
+        c = self.cfg.checkpoint
+        if self.own_tag is not None:
+            run_phase = self.cfg.curriculum.run_phase
+            resuming = run_phase is None or phase_of(self.own_tag) in (run_phase, None)
+            # A resume restores the data position always, the optimizer state unless load_optimizer=false
+            # (a fresh optimizer: the way to resume under a layout its state cannot convert to).
+            folder, tag, load_data_state = checkpoint_dir(self.cfg), self.own_tag, resuming or c.load_data_state
+        elif self.load_path is not None and (named := _named_checkpoint(self.load_path)) is not None:
+            folder, tag = named
+            resuming, load_data_state = False, c.load_data_state
+        else:
+            return None
+        found = Found(folder=folder, tag=tag, resuming=resuming, saved=saved_layout(folder / tag),
+                      load_optimizer=c.load_optimizer, load_data_state=load_data_state)
+        changed = model_settings_changed(found.path, self.cfg) if found.load_optimizer else ""
+        if changed:
+            raise RunRefused(f"{found.path}: the checkpoint's model does not fit this config's ({changed}); restore "
+                             "those settings (its weights and optimizer state load only into a model of the same "
+                             "shape)")
+        return found
+
+
+def _named_checkpoint(path: Path) -> tuple[Path, str] | None:
+    """The (checkpoints folder, tag) checkpoint.load names: a checkpoints/ folder (its `latest`) or one
+    tag folder in it, complete; None when it names neither."""
     tag = read_latest(path)
     if tag is not None:
         return path, require_complete(path, tag)
     if read_latest(path.parent) is not None and any((path / n).is_file() for n in (MODEL_STATES, ZERO3_MODEL_STATES)):
         return path.parent, require_complete(path.parent, path.name)
-    raise FileNotFoundError(f"checkpoint.load={path}: not a checkpoints folder (no '{LATEST}' file), a tag folder "
-                            f"of one, or a model folder ({PRETRAINED_WEIGHTS})")
-
-
-def source_weights(source: Source) -> dict[str, torch.Tensor]:
-    """The fp32 weights a weights-only start loads into the model before the engine is built."""
-    if source.how == "pretrained":
-        from implicit_megatron.checkpoints.weights_file import read_safetensors
-        from implicit_megatron.hf.export_reader import read_export
-
-        try:
-            read_export(source.folder)  # its config.json and the weights' header, as every reader of a folder
-            return {k: v.float() for k, v in read_safetensors(source.folder / PRETRAINED_WEIGHTS).items()}
-        except (ValueError, FileNotFoundError) as err:  # ConfigError, WeightsFileError: each names the file
-            raise RunRefused(f"checkpoint.load: {err}") from None
-    return consolidated_weights(source.path, cast(Layout, source.saved))  # a tag's: not pretrained
-
-
-def shape_error(source: Source, cfg: Config, err: Exception) -> RunRefused:
-    """A load that failed on tensor shapes or names, explained by the config keys that differ."""
-    changed = model_settings_changed(source.path, cfg) if source.saved is not None else ""
-    detail = changed or str(err).strip().splitlines()[0]
-    return RunRefused(f"{source.path}: the checkpoint's model does not fit this config's ({detail}); "
-                      "restore those settings to resume, or start from its weights in a new run")
-
-
-def load_source_weights(model: torch.nn.Module, source: Source, cfg: Config) -> list[str]:
-    """load_weights from a weights-only source; a misfit is explained by the config keys that differ."""
-    try:
-        return load_weights(model, source_weights(source), source.path)
-    except ValueError as err:
-        if source.saved is not None and model_settings_changed(source.path, cfg):
-            raise shape_error(source, cfg, err) from None
-        raise
+    return None

@@ -25,6 +25,7 @@ from data_pipeline.tokenizer import load_tokenizer
 from implicit_megatron.builder import build_training_model
 from implicit_megatron.checkpoints import safe_load
 from implicit_megatron.config import Config
+from implicit_megatron.run_control import RunEnd
 from implicit_megatron.tracking.metrics_file import read_metrics
 from implicit_megatron.tracking.run_record import apply_environment
 from implicit_megatron.train import callbacks, stopping
@@ -87,17 +88,17 @@ class Trainer:
         self.stall.doing("start-up: preparing the checkpoint to start from")
         source = self.checkpointer.prepare(self.model)  # before the engine: it may name a universal load
         self.stall.doing("start-up: building the engine")
-        self.engine = build_engine(cfg, self.model, load_universal=source is not None and source.how == "universal")
+        self.engine = build_engine(cfg, self.model, load_universal=source is not None and source.loads_universal)
         stopping.check()  # a SIGTERM while the engine was built
         self.progress = Progress()
         self.phases = Phases(cfg, self.log)
         self.reporter = Reporter(cfg, self.rank, self.engine.device, self.log)
         self.interval = IntervalMetrics()
-        preemption = stopping.Preemption(cfg.output_dir, self.rank, cfg.train.exit_after_minutes)
+        preemption = PreemptionCallback(stopping.signals(), cfg.output_dir, self.rank, cfg.train.exit_after_minutes)
         self.hooks = callbacks.Hooks([  # in the order a step's end needs them
             StallWatchCallback(self.stall), PhasesCallback(),
             LossJumpCallback(LossJumpGuard(cfg.checkpoint.max_loss_jump, self.log)), ReportingCallback(),
-            WarningsCallback(cfg, self.rank, self.log), PreemptionCallback(preemption), NonFiniteCallback(),
+            WarningsCallback(cfg, self.rank, self.log), preemption, NonFiniteCallback(),
             ValidationCallback(), CheckpointCallback(), TimersCallback(self.timers), *callbacks.registered()])
         eod_id = load_tokenizer(cfg.data.tokenizer).eod_id if cfg.model.separate_documents else None
         self.step = TrainStep(cfg, self.engine, self.model, self.task, self.timers, self.interval, self.hooks, eod_id,
@@ -106,6 +107,7 @@ class Trainer:
         self.batches = self.task.train_batches(self.rank, self.world, self.step.accum)
         self.data = DataPosition(self.batches, self.task, self.progress)
         self.last_step = cfg.train.steps  # this launch's (fit sets it)
+        self.last_saved: str | None = None  # the checkpoint this launch saved last
 
     @property
     def source(self):
@@ -122,16 +124,17 @@ class Trainer:
 
     # ---------------------------------------------------------------- loop
 
-    def fit(self) -> None:
-        """Train to the end of this launch. However it ends (a refusal in the resume included), the
-        stall watch ends first: a heartbeat thread still inside a store call while the process group
-        is torn down aborts the process ("terminate called without an active exception")."""
+    def fit(self) -> RunEnd:
+        """Train to the end of this launch; how it ended (finished, or stopped with its checkpoint).
+        However it ends (a refusal in the resume included), the stall watch ends first: a heartbeat
+        thread still inside a store call while the process group is torn down aborts the process
+        ("terminate called without an active exception")."""
         try:
-            self._fit()
+            return self._fit()
         finally:
             self.stall.done()
 
-    def _fit(self) -> None:
+    def _fit(self) -> RunEnd:
         self.hooks.start_up_done(self.cfg)
         stopping.check()  # the last point of the start-up: from here a SIGTERM saves a checkpoint
         self.hooks.before_resume(self)
@@ -142,7 +145,7 @@ class Trainer:
             final = f"; the last one, at step {last[-1]['step']}: {validation_text(last[-1])}" if last else ""
             self.log(f"already complete: step {start} of {self.last_step} (train.steps); nothing to train{final}")
             self.hooks.fit_end(self, "FINISHED", completed=False)
-            return
+            return RunEnd("finished", 0, reason="already complete", step=start)
         status, completed = "KILLED", False  # a second Ctrl-C (the first asks for a saved stop)
         self.hooks.fit_start(self, start, self.last_step)
         try:
@@ -159,6 +162,9 @@ class Trainer:
             raise
         finally:
             self.hooks.fit_end(self, status, completed)
+        if status == "KILLED":
+            return RunEnd("stopped", 0, reason=control.reason, step=self.progress.step, checkpoint=control.checkpoint)
+        return RunEnd("finished", 0, step=self.progress.step, checkpoint=self.last_saved)
 
     def train_step(self, step: int) -> StepResult:
         """One optimizer step (train_step.py), counted in the progress."""
@@ -185,8 +191,9 @@ class Trainer:
 
     def save(self) -> str:
         with self.interval.paused():
-            return self.checkpointer.save(self.engine, [self.progress, self.phases, self.data], self.progress.tag,
-                                          self.reporter.val_loss_at(self.progress.step))
+            self.last_saved = self.checkpointer.save(self.engine, [self.progress, self.phases, self.data],
+                                                     self.progress.tag, self.reporter.val_loss_at(self.progress.step))
+        return self.last_saved
 
     def log(self, message: str) -> None:
         if self.rank == 0:

@@ -12,6 +12,9 @@ import time
 import pytest
 from support.processes import ROOT, child_env, faults, free_port, signal_job
 
+from implicit_megatron.launch.curriculum import plan
+from implicit_megatron.run_control import RunEnd
+
 CONFIG = "configs/tiny/mamba2-curriculum.yaml"
 
 
@@ -60,7 +63,7 @@ def test_two_phase_curriculum_end_to_end(shakespeare_shards, tmp_path):
     assert "phase bounded: finished, skipped" in out
     assert "phase free: starting with GPUS_PER_NODE=1 NPROC=1" in out
     assert "bounded-step8 (handoff/load, universal)" in out  # 2 processes ZeRO-2 -> 1 process ZeRO-3
-    assert json.loads((tmp_path / "preempted.json").read_text())["checkpoint"] == "free-step9"
+    assert RunEnd.read(tmp_path).checkpoint == "free-step9"
     assert "[curriculum] phase free: stopped early with a checkpoint" in out
 
     result = curriculum(*args)
@@ -94,11 +97,10 @@ def test_a_stopped_phase_ends_the_curriculum_and_resumes_next_time(shakespeare_s
     signal_job(proc.pid, signal.SIGTERM)
     out, _ = proc.communicate(timeout=180)
     assert proc.returncode == 0, out[-3000:]
-    stopped = json.loads((tmp_path / "preempted.json").read_text())
-    assert stopped["checkpoint"] == f"bounded-step{stopped['step']}"
+    stopped = RunEnd.read(tmp_path)
+    assert stopped.stopped and stopped.checkpoint == f"bounded-step{stopped.step}"
     assert "[curriculum] phase bounded: stopped early with a checkpoint" in out
     assert "launch the curriculum again to resume it" in out
     assert "phase free: starting" not in out and "every phase" not in out
-    plan = subprocess.run([sys.executable, "-m", "implicit_megatron.train.curriculum", CONFIG, *args], cwd=ROOT,
-                          env=env, capture_output=True, text=True, timeout=120)
-    assert [row.split("\t")[:2] for row in plan.stdout.splitlines()] == [["bounded", "todo"], ["free", "todo"]]
+    planned = plan(str(ROOT / CONFIG), args)
+    assert [(phase.name, phase.done) for phase in planned] == [("bounded", False), ("free", False)]

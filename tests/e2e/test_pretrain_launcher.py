@@ -16,6 +16,7 @@ import pytest
 from support.processes import ROOT, child_env, faults, free_port, signal_job
 
 from implicit_megatron.launch.world import COUNT_GPUS
+from implicit_megatron.run_control import RunEnd
 from implicit_megatron.tracking.metrics_file import read_metrics
 
 
@@ -193,10 +194,10 @@ def test_sigterm_or_sighup_stops_with_a_checkpoint_and_exit_code_0(whom, signum,
     out, _ = proc.communicate(timeout=180)
     assert proc.returncode == 0, out[-3000:]
     assert f"stopped by {said} after step" in out
-    stopped = json.loads((tmp_path / "preempted.json").read_text())
-    assert stopped["reason"] == said
-    assert (tmp_path / "checkpoints" / "latest").read_text().strip() == stopped["checkpoint"]
-    assert stopped["checkpoint"] == f"bounded-step{stopped['step']}" and stopped["step"] < 300
+    stopped = RunEnd.read(tmp_path)
+    assert stopped.outcome == "stopped" and stopped.reason == said
+    assert (tmp_path / "checkpoints" / "latest").read_text().strip() == stopped.checkpoint
+    assert stopped.checkpoint == f"bounded-step{stopped.step}" and stopped.step < 300
 
 
 def taken(launch: subprocess.Popen, out: Path) -> None:
@@ -227,8 +228,8 @@ def test_ctrl_c_stops_with_a_checkpoint_and_a_second_one_at_once(shakespeare_sha
     assert "pretrain.sh: Ctrl-C: the ranks finish their step" in out, out[-3000:]
     assert "stopped by SIGINT (Ctrl-C) after step" in out, out[-3000:]
     assert "Traceback" not in out and "KeyboardInterrupt" not in out, out[-3000:]
-    stopped = json.loads((tmp_path / "once" / "preempted.json").read_text())
-    assert stopped["reason"] == "SIGINT (Ctrl-C)" and stopped["checkpoint"] == f"bounded-step{stopped['step']}"
+    stopped = RunEnd.read(tmp_path / "once")
+    assert stopped.reason == "SIGINT (Ctrl-C)" and stopped.checkpoint == f"bounded-step{stopped.step}"
 
     twice = start(tmp_path / "twice", shakespeare_shards, "tracking.enabled=true",
                   env=faults(seconds_per_step=3))  # a step outlasts Ctrl-C
@@ -240,9 +241,9 @@ def test_ctrl_c_stops_with_a_checkpoint_and_a_second_one_at_once(shakespeare_sha
     out, _ = twice.communicate(timeout=60)
     assert twice.returncode == 130, out[-3000:]
     assert "stopped at once by a second Ctrl-C" in out and "Traceback" not in out
-    assert not (tmp_path / "twice" / "preempted.json").exists()
     gone, alive = psutil.wait_procs(processes, timeout=30)
     assert not alive, [p.pid for p in alive]
+    assert RunEnd.read(tmp_path / "twice").outcome == "killed"  # the rank's last words: not a graceful stop
     from mlflow import MlflowClient  # the killed ranks' run does not stay RUNNING
 
     run_id = (tmp_path / "twice" / "mlflow_run_id").read_text().strip()
@@ -262,7 +263,7 @@ def test_ctrl_c_to_a_rank_run_directly_stops_it_with_a_checkpoint(shakespeare_sh
     out, _ = proc.communicate(timeout=180)
     assert proc.returncode == 0, out[-3000:]
     assert "stopped by SIGINT (Ctrl-C) after step" in out and "Traceback" not in out, out[-3000:]
-    assert json.loads((tmp_path / "preempted.json").read_text())["reason"] == "SIGINT (Ctrl-C)"
+    assert RunEnd.read(tmp_path).reason == "SIGINT (Ctrl-C)"
 
 
 @pytest.mark.distributed
@@ -287,7 +288,7 @@ def test_sigterm_during_start_up_ends_gracefully_and_releases_the_folder(shakesp
     assert "stopped by SIGTERM during start-up, before the first step" in out
     assert "Traceback" not in out and not (tmp_path / "metrics.jsonl").exists()
     assert not (tmp_path / "run.lock").exists()
-    assert json.loads((tmp_path / "preempted.json").read_text()) == {"step": None, "checkpoint": None}
+    assert RunEnd.read(tmp_path) == RunEnd("stopped", 0, reason="SIGTERM during start-up")
 
 
 @pytest.mark.distributed
@@ -303,7 +304,7 @@ def test_sigterm_to_the_script_while_the_rank_starts_stops_after_the_first_step(
     out, _ = proc.communicate(timeout=180)
     assert proc.returncode == 0, out[-3000:]
     assert "stopped by SIGTERM after step 1" in out
-    assert json.loads((tmp_path / "preempted.json").read_text())["checkpoint"] == "bounded-step1"
+    assert RunEnd.read(tmp_path).checkpoint == "bounded-step1"
 
 
 @pytest.mark.distributed
@@ -330,7 +331,7 @@ def test_sigterm_before_the_ranks_start_ends_the_launch_at_once(shakespeare_shar
     out, _ = proc.communicate(timeout=120)
     assert proc.returncode == 0, out[-3000:]
     assert "stopped by SIGTERM before the ranks started" in out and not (tmp_path / "metrics.jsonl").exists()
-    assert json.loads((tmp_path / "preempted.json").read_text())["checkpoint"] is None
+    assert RunEnd.read(tmp_path) is None  # no rank ran to write one
 
 
 @pytest.mark.distributed

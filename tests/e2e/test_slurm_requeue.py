@@ -4,13 +4,14 @@ PATH: `srun` runs its one task here, `scontrol` records what it was asked."""
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 from pathlib import Path
 
 import pytest
 from support.processes import ROOT, child_env, faults, free_port
+
+from implicit_megatron.run_control import RunEnd
 
 SRUN = """#!/usr/bin/env bash
 # one task on this machine: srun's options dropped
@@ -51,15 +52,15 @@ def test_a_graceful_stop_requeues_the_job_a_failure_or_a_finish_does_not(shakesp
     stopped = sbatch(tmp_path, out, shakespeare_shards, "train.exit_after_minutes=0.001")
     assert stopped.returncode == 0, stopped.stdout[-3000:] + stopped.stderr[-3000:]
     assert "stopped by train.exit_after_minutes=0.001 after step 1; launch again to resume" in stopped.stdout
-    record = json.loads((out / "preempted.json").read_text())
-    assert record["reason"] == "train.exit_after_minutes=0.001" and record["step"] == 1
+    record = RunEnd.read(out)
+    assert record.stopped and record.reason == "train.exit_after_minutes=0.001" and record.step == 1
     assert requeues(tmp_path) == ["requeue 4242"]
     assert "requeueing job 4242" in stopped.stdout
 
     failed = sbatch(tmp_path, out, shakespeare_shards, "train.max_nonfinite_in_row=1",
                     **faults(nan_loss_at_step=2))
     assert failed.returncode != 0 and requeues(tmp_path) == ["requeue 4242"]  # not again
-    assert not (out / "preempted.json").exists()
+    assert RunEnd.read(out).outcome == "failed"
 
     finished = sbatch(tmp_path, out, shakespeare_shards)
     assert finished.returncode == 0, finished.stdout[-3000:] + finished.stderr[-3000:]

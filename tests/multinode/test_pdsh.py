@@ -5,7 +5,6 @@ a stop, a killed launch and a node cut off end every rank within the bounds docs
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -16,6 +15,8 @@ from pathlib import Path
 import pytest
 from support.nodes import Nodes, missing
 from support.reference_runs import losses, zero1_overrides
+
+from implicit_megatron.run_control import Launch, RunEnd
 
 pytestmark = [pytest.mark.distributed, pytest.mark.skipif(missing() is not None, reason=missing() or "")]
 CONFIG = "configs/tiny/mamba2-implicit.yaml"
@@ -104,8 +105,8 @@ def test_a_stop_during_start_up_and_a_killed_launch_end_every_node(nodes, shakes
     os.kill(script(proc), signal.SIGTERM)
     text, _ = proc.communicate(timeout=180)
     assert proc.returncode == 0, text[-3000:]
-    stopped = json.loads((out / "preempted.json").read_text())
-    assert stopped["step"] == 1 and stopped["checkpoint"] == "bounded-step1", stopped
+    stopped = RunEnd.read(out)
+    assert stopped.step == 1 and stopped.checkpoint == "bounded-step1", stopped
     assert sorted(losses(out)) == [1]
     assert not any(temporary.iterdir())  # the launch's environment file is gone with it
 
@@ -121,8 +122,9 @@ def test_a_stop_during_start_up_and_a_killed_launch_end_every_node(nodes, shakes
     for node in nodes:
         (pid,) = ranks(node)
         got = environment(node, pid)
-        assert got.get("OMP_NUM_THREADS") == "1" and got.get("IMPLICIT_MEGATRON_LAUNCHER_STOP_FILE") == "1", got
-        assert got.get("IMPLICIT_MEGATRON_LAUNCH_HOST") == "node1" and got.get("IMPLICIT_MEGATRON_LAUNCH_PID"), got
+        launch = Launch.of(got)
+        assert got.get("OMP_NUM_THREADS") == "1" and launch is not None, got  # the stop request is the launch's
+        assert launch.host == "node1" and launch.pid, got
         assert got.get("RUN_NOTE") == "resumed-on-two-nodes" and got.get("HF_HUB_OFFLINE") == "1", got
     os.killpg(os.getpgid(script(proc)), signal.SIGKILL)
     killed_at = time.monotonic()

@@ -143,13 +143,14 @@ def make_checkpoint(folder: Path, outside: Path) -> Path:
     import torch
 
     from implicit_megatron.checkpoints.integrity import write_manifest
+    from implicit_megatron.deepspeed_internals import MODEL_STATES
 
     tag = folder / "checkpoints" / "bounded-step4"
     tag.mkdir(parents=True)
     generator = torch.Generator().manual_seed(0)
     module = {"embed.weight": torch.randn(16, 8, generator=generator), "norm.weight": torch.ones(8)}
     torch.save({"module": module, "config": {"distributed": {"zero_stage": 0, "precision": "fp32"}},
-                "dp_world_size": 1, "global_steps": 4}, tag / "mp_rank_00_model_states.pt")
+                "dp_world_size": 1, "global_steps": 4}, tag / MODEL_STATES)
     torch.save({"torch": torch.get_rng_state(), "step": 4}, tag / "rng_rank0.pt")
     write_manifest(tag)
     (tag.parent / "latest").write_text(tag.name + "\n")
@@ -162,10 +163,11 @@ def read_checkpoint(checkpoints: Path) -> object:
     from implicit_megatron.checkpoints import safe_load
     from implicit_megatron.checkpoints.integrity import check_tag
     from implicit_megatron.checkpoints.layout import find_checkpoint, tag_dir
+    from implicit_megatron.deepspeed_internals import MODEL_STATES
 
     folder, tag = find_checkpoint(checkpoints)
     check_tag(tag_dir(folder, tag), crc=True)
-    saved = safe_load.load(tag_dir(folder, tag) / "mp_rank_00_model_states.pt", map_location="cpu")
+    saved = safe_load.load(tag_dir(folder, tag) / MODEL_STATES, map_location="cpu")
     return {name: tensor.tolist() for name, tensor in saved["module"].items()}
 
 

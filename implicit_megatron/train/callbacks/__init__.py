@@ -57,15 +57,19 @@ class Trainer(Protocol):
 class StepControl:
     """What the callbacks decided after a step: the rest of its callbacks skipped (a non-finite
     step is neither validated nor saved), or the launch ended (`status` for MLflow; `completed`:
-    the run reached its end, and says so)."""
+    the run reached its end, and says so; `reason` and `checkpoint`: what stopped it, and the
+    checkpoint saved for the resume)."""
 
     skip_rest: bool = False
     ended: bool = False
     status: str = "FINISHED"
     completed: bool = True
+    reason: str | None = None
+    checkpoint: str | None = None
 
-    def end(self, status: str, completed: bool) -> None:
+    def end(self, status: str, completed: bool, reason: str | None = None, checkpoint: str | None = None) -> None:
         self.ended, self.status, self.completed = True, status, completed
+        self.reason, self.checkpoint = reason, checkpoint
 
 
 class Callback:

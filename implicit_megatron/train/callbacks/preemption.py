@@ -1,28 +1,62 @@
-"""A graceful stop (train/stopping.py's Preemption): SIGTERM, SIGINT or SIGHUP to the rank, the
-launch's stop file, or train.exit_after_minutes. Asked of any rank, agreed with the step's flags:
-every rank saves at once (no validation: grace periods are short) and stops."""
+"""A graceful stop while the rank trains: asked by a stop signal to the rank (run_control.STOP_SIGNALS,
+taken once at its start: train/stopping.py), by the launch's stop request (rank 0 reads it at each
+step; the launch writes it when it gets a stop signal, at any moment of the launch: it waits for
+the first step), or by train.exit_after_minutes (Megatron's exit-duration: the run saves before its
+allocation ends rather than being killed mid-step). Asked of any rank, it is agreed with the
+step's one host read (step_metrics.step_flags): every rank saves at once (no validation: grace
+periods are short) and stops, and the run's end (written by the rank's entry) names what asked and
+the checkpoint.
+"""
 
 from __future__ import annotations
 
+import os
+import time
+from pathlib import Path
+
+from implicit_megatron.run_control import Launch, RunEnd, StopRequest, StopSignals
 from implicit_megatron.train.callbacks import Callback
-from implicit_megatron.train.stopping import Preemption
+from implicit_megatron.train.stopping import STARTED
 
 
 class PreemptionCallback(Callback):
-    def __init__(self, preemption: Preemption) -> None:
-        self.preemption = preemption
+    def __init__(self, signals: StopSignals, output_dir: str | Path, rank: int,
+                 exit_after_minutes: float | None = None) -> None:
+        self.signals, self.folder, self.rank = signals, Path(output_dir), rank
+        self.minutes = exit_after_minutes
+        self.deadline = None if exit_after_minutes is None else STARTED + 60 * exit_after_minutes
+        self.agreed = False  # some rank was asked, as of the last step: every rank stops after it
 
     def before_resume(self, trainer) -> None:
-        self.preemption.install()
+        """A stop asked of an earlier launch is not one asked of this one: its request and end go,
+        where no launch watches this one (a rank started directly, e.g. by srun or torchrun). Under
+        the launch, it has removed both before the ranks started, and a request found now was asked
+        during the start-up: it stays, and the first step stops."""
+        if self.rank == 0 and Launch.of(os.environ) is None:
+            StopRequest.clear(self.folder)
+            RunEnd.clear(self.folder)
 
     def stop_asked(self, trainer) -> bool:
-        return self.preemption.asked()
+        """Whether this rank was asked to stop (rank 0 also reads the launch's request)."""
+        if self.signals.asked() is None and self.rank == 0:
+            request = StopRequest.read(self.folder)
+            if request is not None:
+                self.signals.note(request.reason)
+        if self.signals.asked() is None and self.deadline is not None and time.monotonic() >= self.deadline:
+            self.signals.note(f"train.exit_after_minutes={self.minutes:g}")
+        return self.signals.asked() is not None
+
+    @property
+    def why(self) -> str:
+        return self.signals.asked() or "another rank's stop request"
 
     def on_step_end(self, trainer, result, control) -> None:
-        self.preemption.agreed = result.stop_agreed
+        self.agreed = result.stop_agreed
         if not result.stop_agreed:
             return
         p = trainer.progress
-        self.preemption.record(p.step, None if p.nonfinite_steps else trainer.save())
-        trainer.log(f"stopped by {self.preemption.why} after step {p.step}; launch again to resume")
-        control.end("KILLED", completed=False)
+        tag = None if p.nonfinite_steps else trainer.save()
+        if self.rank == 0:
+            StopRequest.clear(self.folder)
+        trainer.log(f"stopped by {self.why} after step {p.step}; launch again to resume")
+        control.end("KILLED", completed=False, reason=self.why, checkpoint=tag)

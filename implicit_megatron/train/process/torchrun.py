@@ -8,8 +8,8 @@ and a table of every rank's exit around the one line that matters; a rank that r
 already. Here the launcher's own messages are dropped and its exit status is the failed rank's: 2
 for a refusal and 3 for ranks that ended because their launch was killed (nothing more is printed),
 otherwise one line naming the rank, its exit status and where to look. SIGTERM still reaches every
-rank (they save and stop); the launcher then exits 128 + the signal, which launch/pretrain.sh reads
-with the ranks' preempted.json.
+rank (they save and stop); the launcher then exits 128 + the signal, which the launch reads with
+the run's end that rank 0 wrote (implicit_megatron.run_control.RunEnd).
 """
 
 from __future__ import annotations

@@ -25,11 +25,14 @@ def _repo_cwd(monkeypatch):
 
 @pytest.mark.parametrize("path", EXPERIMENTS, ids=lambda p: str(p.relative_to(CONFIGS)))
 def test_every_config_validates(path):
-    from implicit_megatron.train.curriculum import needs_own_launches, phase_configs
+    from implicit_megatron.config.plan import own_launches
+    from implicit_megatron.config.reading import read_curriculum
+    from implicit_megatron.prelaunch import phase_configs
 
     # catbAbI's data is not in the repository (docs/paper.md: catbAbI): its configs are checked on the fixture
     data = ["task.catbabi.folder=tests/fixtures/catbabi"] if path.parent.name == "catbabi" else []
-    if needs_own_launches(str(path), data):  # checked phase by phase, as curriculum.sh launches them
+    curriculum = read_curriculum(path, data)
+    if curriculum.run_phase is None and own_launches(curriculum.phases):  # phase by phase, as curriculum.sh does
         configs = phase_configs(str(path), data, world_size=1)
         assert [c.curriculum.run_phase for c in configs] == [p.name for p in configs[0].curriculum.phases]
     else:

@@ -66,11 +66,11 @@ def test_what_pretrain_passes_its_ranks_is_checked_and_written_after_the_users_l
     home = tmp_path / "home"
     home.mkdir()
     (home / ".deepspeed_env").write_text("NCCL_IB_DISABLE=1\n\n")
-    for key in ("OMP_NUM_THREADS", "TOKENIZERS_PARALLELISM", "DS_ACCELERATOR", "IMPLICIT_MEGATRON_LAUNCH_HOST"):
+    for key in ("OMP_NUM_THREADS", "TOKENIZERS_PARALLELISM", "DS_ACCELERATOR", "IMPLICIT_MEGATRON_LAUNCH"):
         assert [p.split("=")[0] for p in problems({key: "1$(touch m)"}, home, tmp_path)] == [key]
-    environ = {"OMP_NUM_THREADS": "4", "DS_ACCELERATOR": "cpu", "IMPLICIT_MEGATRON_LAUNCH_PID": "123", "HOME": "/h"}
+    environ = {"OMP_NUM_THREADS": "4", "DS_ACCELERATOR": "cpu", "IMPLICIT_MEGATRON_LAUNCH": "123:9@node1", "HOME": "/h"}
     assert environment_file(environ, home, tmp_path) == \
-        "NCCL_IB_DISABLE=1\nIMPLICIT_MEGATRON_LAUNCH_PID=123\nOMP_NUM_THREADS=4\nDS_ACCELERATOR=cpu\n"
+        "NCCL_IB_DISABLE=1\nIMPLICIT_MEGATRON_LAUNCH=123:9@node1\nOMP_NUM_THREADS=4\nDS_ACCELERATOR=cpu\n"
 
 
 def test_an_environment_file_too_large_to_be_lines_of_settings_is_named(tmp_path):

@@ -1,5 +1,6 @@
 """The SLURM job's own steps (launch/slurm_job.py): its counts, how a task runs Python, a stop asked
-of the job passed to its tasks, and that it needs only the standard library (the host runs it)."""
+of the job passed to its tasks as the launch's stop request, and that it needs only the standard
+library (the host runs it)."""
 
 from __future__ import annotations
 
@@ -61,10 +62,12 @@ def test_it_imports_only_the_standard_library():
 
 
 SRUN = """#!/usr/bin/env bash
-# a job step that stops as ranks do on SIGTERM: says so, then exits 0 after leaving preempted.json
-trap 'echo "{\\"step\\": 2}" > "$OUT/preempted.json"; echo "$*" > "$OUT/srun-args"; exit 0' TERM
+# a job step whose ranks stop as ranks do on the launch's request: the run's end written, exit 0
+echo "$*" > "$OUT/srun-args"
 touch "$OUT/started"
-while true; do sleep 0.05; done
+while [ ! -e "$OUT/stop-requested" ]; do sleep 0.05; done
+echo '{"outcome": "stopped", "exit_status": 0, "reason": "'"$(cat "$OUT/stop-requested")"'", "step": 2}' \\
+  > "$OUT/run-end.json"
 """
 CONFIG_CHECK = """#!/usr/bin/env bash
 # stands in for the interpreter: the config check prints the output folder
@@ -74,8 +77,8 @@ echo "$OUT"
 
 @pytest.mark.processes
 def test_a_stop_asked_of_the_job_stops_its_tasks_gracefully_and_requeues(tmp_path):
-    """SIGTERM or SIGHUP to the batch process (scancel --full, a closed terminal) reaches every task
-    as SIGTERM, their graceful stop; the job then requeues itself."""
+    """SIGTERM or SIGHUP to the batch process (scancel --full, a closed terminal) reaches the ranks as
+    the launch's stop request, their graceful stop; the job then requeues itself."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     for name, text in (("srun", SRUN), ("python", CONFIG_CHECK),
@@ -101,4 +104,5 @@ def test_a_stop_asked_of_the_job_stops_its_tasks_gracefully_and_requeues(tmp_pat
         "--ntasks=2", "--ntasks-per-node=1", "--kill-on-bad-exit=1", "bash", "launch/pretrain.sh",
         "configs/tiny/x.yaml", "a=1"]
     assert (tmp_path / "scontrol").read_text().splitlines() == ["show hostnames node001", "requeue 77"]
-    assert 'slurm.sbatch: stopped gracefully ({"step": 2}); requeueing job 77' in out
+    assert ("slurm.sbatch: stopped gracefully (stopped by SIGHUP (the terminal closed) after step 2, nothing saved); "
+            "requeueing job 77") in out

@@ -14,9 +14,11 @@ from implicit_megatron import build_model, load_config
 from implicit_megatron.builder import remove_weight_norm
 from implicit_megatron.checkpoints.layout import DamagedCheckpoint
 from implicit_megatron.checkpoints.weights import load_weights
+from implicit_megatron.config.plan import recorded_bounds, run_bounds
 from implicit_megatron.errors import RunRefused
-from implicit_megatron.train.curriculum import plan, recorded_bounds, run_bounds
-from implicit_megatron.train.handoff import find_source, resume_tag
+from implicit_megatron.launch.curriculum import plan
+from implicit_megatron.train.handoff import resume_tag
+from implicit_megatron.train.starts import find_source
 from implicit_megatron.utils.typed_yaml import ConfigError
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -151,18 +153,22 @@ def test_raised_steps_lengthen_the_last_phase_and_never_move_trained_steps():
 
 
 def test_curriculum_plan_marks_finished_phases(tmp_path):
+    def done(overrides):
+        return [phase.done for phase in plan(CURRICULUM, overrides)]
+
     overrides = [f"train.output_dir={tmp_path}", "train.steps=10"]
-    assert plan(CURRICULUM, overrides) == [("bounded", "todo", "-", "2", "-", str(tmp_path)),
-                                           ("free", "todo", "-", "1", "-", str(tmp_path))]
+    planned = plan(CURRICULUM, overrides)
+    assert [(p.name, p.done, p.environment(), str(p.config.output_dir), p.span.start, p.span.end) for p in planned] \
+        == [("bounded", False, {"GPUS_PER_NODE": "2", "NPROC": "2"}, str(tmp_path), 0, 8),
+            ("free", False, {"GPUS_PER_NODE": "1", "NPROC": "1"}, str(tmp_path), 8, 10)]
     fake_checkpoint(tmp_path, "bounded-step8", 2, 2, "fp32", "train.steps=10")
-    assert [row[1] for row in plan(CURRICULUM, overrides)] == ["done", "todo"]
+    assert done(overrides) == [True, False]
     (tmp_path / "checkpoints" / "latest").write_text("free-step10\n")  # names a tag that is not there
-    assert [row[1] for row in plan(CURRICULUM, overrides)] == ["done", "todo"]
+    assert done(overrides) == [True, False]
     fake_checkpoint(tmp_path, "free-step10", 1, 3, "fp32", "train.steps=10")
-    assert [row[1] for row in plan(CURRICULUM, overrides)] == ["done", "done"]
+    assert done(overrides) == [True, True]
     # train.steps raised on the finished run: the free phase is lengthened, the bounded one stays done
-    assert [row[1] for row in plan(CURRICULUM, [f"train.output_dir={tmp_path}", "train.steps=20"])] == \
-        ["done", "todo"]
+    assert done([f"train.output_dir={tmp_path}", "train.steps=20"]) == [True, False]
 
 
 def test_plain_weights_fill_a_weight_normalised_model_and_a_missing_injection_stays_fresh():
