@@ -209,9 +209,8 @@ def _exit_with_launcher(launcher: int, output_dir: str, tracked_run: tuple[str, 
 
 
 def _leave_process_group() -> None:
-    """Tear the process group down before the interpreter does: a communication thread still
-    running at exit aborts the process ("terminate called without an active exception", exit -6)
-    after a run that finished."""
+    """Tear the process group down before the interpreter does, as torch asks (the stall watch,
+    whose threads call into torch's store, has ended by then: train/stall_watch.py, StallWatch.done)."""
     import torch.distributed as dist
 
     if dist.is_initialized():

@@ -9,10 +9,11 @@ write and one read per rank and period, however many ranks there are. When the n
 heartbeat has not changed for distributed.timeout_minutes, the watch prints one line naming the silent
 rank and what it was doing, and exits 1, which makes the launcher end every rank. The work itself is
 never timed. A store that does not answer says nothing of the ranks (a suspended launcher holds it
-while the ranks train on, their collectives go peer to peer): while this rank makes progress (its
-section changes) the watch waits for the store as long as the backstop (distributed.collective_timeout_
-minutes); a silent store and a rank that has made no progress for the limit (the store's host lost, its
-ranks with it, the others blocked) end the job naming the store.
+while the ranks train on, their collectives go peer to peer), and the next rank's silence counts only
+up to the store's last answer: while this rank makes progress (its section changes) the watch waits for
+the store as long as the backstop (distributed.collective_timeout_minutes); a silent store and a rank
+that has made no progress for the limit (the store's host lost, its ranks with it, the others blocked)
+end the job naming the store.
 
 Time while this process itself was stopped (SIGSTOP or SIGCONT of the whole job, as a SLURM suspend,
 `docker pause` or Ctrl-Z do) is not counted: the watch sees its own sleep overrun and starts counting
@@ -20,17 +21,28 @@ afresh. In a world of one process nothing waits for another rank, and there is n
 
 The process groups' own timeouts (engine.collective_timeout, the same backstop) only end collectives
 that living ranks never meet; the watch speaks first for any silent rank, and is the one judge of a stall.
+
+A store call waits as long as the store's host is stopped (torch's timeouts do not bound a reply), and a
+thread that comes back from one while the interpreter finalizes is ended inside torch's C++ frames: the
+process aborts ("terminate called without an active exception", exit 134 after a run that finished).
+So `done` ends the talking thread before the rank goes on to its exit: a call the store leaves
+unanswered is cut (the read side of the watch's own connection is shut down, and the call fails at
+once), and the 'finished' heartbeat is still sent, for the store to hand on once it answers again.
 """
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
+import socket
+import stat
 import threading
 import time
 from collections.abc import Callable
 
 _section = "start-up"
+ANSWER_SECONDS = 2.0  # how long `done` waits for the store's answer to a call in flight before cutting it
 
 
 def section() -> str:
@@ -63,7 +75,9 @@ class StallWatch:
 
             store = distributed_c10d._get_default_store()
         self.address = _address(store)
+        before = _sockets()
         self.store = store.clone()  # a connection of its own: the training's store calls never wait on ours
+        self.connection = _new_connection(before, _endpoint(store))  # the one `done` may cut
         attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")  # a restarted torchrun keeps its store
         self.mine = f"stall_watch/{attempt}/{rank}"
         self.neighbour = (rank + 1) % world
@@ -77,7 +91,9 @@ class StallWatch:
         # and another judges.
         self.thread = threading.Thread(target=self._talk, name="stall-watch-heartbeat", daemon=True)
         self.thread.start()
-        threading.Thread(target=self._judge, name="stall-watch", daemon=True).start()
+        self.judge = threading.Thread(target=self._judge, name="stall-watch", daemon=True)
+        self.judge.start()
+        atexit.register(self.done)  # an exit that missed it (the launch ends it itself first)
 
     def doing(self, what: str) -> None:
         """Say what this rank does from now (e.g. 'step 12'): the next rank names it if this one falls silent."""
@@ -86,12 +102,22 @@ class StallWatch:
         self.progressed = time.monotonic()
 
     def done(self) -> None:
-        """This rank has finished: the previous rank, which watches it, is told so; waits a moment for
-        that, as the process may exit next."""
+        """This rank has finished: the previous rank, which watches it, is told so, and the watch's
+        threads have ended when this returns, as the process may exit next: a store call still in flight
+        after ANSWER_SECONDS (its host stopped or lost) is cut, never left to return into a finalizing
+        interpreter (see the module's docstring)."""
         self.what = "finished"
-        if self.world > 1 and not self.finished.is_set():
-            self.finished.set()
-            self.thread.join(timeout=2.0)
+        if self.world < 2 or self.finished.is_set():
+            return
+        self.finished.set()
+        self.thread.join(timeout=ANSWER_SECONDS)
+        if self.thread.is_alive() and self.connection is not None:
+            os.write(2, f"[train] rank {self.rank}: the rendezvous store at {self.address} has not answered for "
+                        f"{time.monotonic() - self.reached:.0f} s at the end of the run: the stall watch closes its "
+                        "connection (torch may warn of it)\n".encode())
+            _cut(self.connection)
+            self.thread.join(timeout=ANSWER_SECONDS)
+        self.judge.join(timeout=ANSWER_SECONDS)
 
     def _talk(self) -> None:
         beats, watching = 0, True
@@ -104,13 +130,14 @@ class StallWatch:
                 self.error = str(err).splitlines()[0][:200] if str(err) else type(err).__name__
                 continue
             now = time.monotonic()
-            if now - self.reached > 2 * self.period + 2.0:  # the store was silent: the next rank's silence
-                self.heard = now  # while it lasted is not the rank's, so its count starts afresh
-            self.reached = now
+            # the store was silent: the next rank's silence while it lasted is not the rank's, so its
+            # count starts afresh
+            heard = now if now - self.reached > 2 * self.period + 2.0 else self.heard
             if said == "finished":
                 watching = False  # the next rank has ended its run: beat on for the previous one
             if not watching or said != self.said:
-                self.said, self.heard = said, self.reached
+                self.said, heard = said, now
+            self.heard, self.reached = heard, now  # in this order: the judge never sees an answer without its news
         with contextlib.suppress(Exception):  # the job is over: a store already gone is no error
             self.store.set(self.mine, "finished")
 
@@ -132,6 +159,8 @@ class StallWatch:
                                    f"distributed.collective_timeout_minutes={self.store_minutes:g}")
             if silent > self.limit:
                 continue  # no answer, no news of the next rank, this rank goes on: the store's host is suspended
+            now = max(self.reached, fresh)  # the next rank is heard of through the store: its silence counts
+            # up to the store's last answer (a store that stops answering stops its count)
             if now - max(self.heard, fresh) > self.limit:
                 doing = self.said.split(" ", 1)[1] if self.said else "start-up"
                 return self._stall(f"rank {self.neighbour} has given no sign of life for "
@@ -148,10 +177,53 @@ class StallWatch:
 
 def _address(store) -> str:
     """host:port of the TCPStore under the prefix stores torch wraps it in (for the error line)."""
+    endpoint = _endpoint(store)
+    return f"{endpoint[0]}:{endpoint[1]}" if endpoint else type(store).__name__
+
+
+def _endpoint(store) -> tuple[str, int] | None:
+    """(host, port) of the TCPStore under the prefix stores torch wraps it in; None for another store."""
     while hasattr(store, "underlying_store"):
         store = store.underlying_store
     host, port = getattr(store, "host", None), getattr(store, "port", None)
-    return f"{host}:{port}" if host else type(store).__name__
+    return (host, port) if host and port else None
+
+
+def _sockets() -> dict[int, int]:
+    """This process's open sockets, file descriptor -> inode (Linux's /proc; none elsewhere)."""
+    found = {}
+    with contextlib.suppress(OSError):
+        for name in os.listdir("/proc/self/fd"):
+            with contextlib.suppress(OSError):
+                info = os.stat(f"/proc/self/fd/{name}")
+                if stat.S_ISSOCK(info.st_mode):
+                    found[int(name)] = info.st_ino
+    return found
+
+
+def _new_connection(before: dict[int, int], endpoint: tuple[str, int] | None) -> tuple[int, int] | None:
+    """(descriptor, inode) of the one socket opened since `before` that is connected to the store's
+    port: the clone's connection, which torch does not name. None when it is not exactly one."""
+    if endpoint is None:
+        return None
+    found = []
+    for fd, inode in _sockets().items():
+        if before.get(fd) == inode:
+            continue
+        with contextlib.suppress(OSError), socket.socket(fileno=os.dup(fd)) as conn:
+            peer = conn.getpeername()
+            if isinstance(peer, tuple) and peer[1] == endpoint[1]:
+                found.append((fd, inode))
+    return found[0] if len(found) == 1 else None
+
+
+def _cut(connection: tuple[int, int]) -> None:
+    """End the call waiting on this connection for a reply: shutting its read side down makes the call
+    fail at once, while what is written on it (the 'finished' heartbeat) still reaches the store."""
+    fd, inode = connection
+    with contextlib.suppress(OSError), socket.socket(fileno=os.dup(fd)) as conn:
+        if os.fstat(conn.fileno()).st_ino == inode:  # still the clone's (a descriptor closed since may be reused)
+            conn.shutdown(socket.SHUT_RD)
 
 
 def name_timeout(err: BaseException, rank: int, minutes: float) -> str | None:
