@@ -30,12 +30,14 @@ USAGE = "usage: bash launch/curriculum.sh CONFIG [key=value ...]   (--plan: prin
 def saved_progress(output_dir: str) -> tuple[int, list | None]:
     """(step, phase ranges) of the run's latest complete checkpoint; (0, None) where there is none.
     A damaged `latest` or tag counts as the newest complete one before it, where the phase's launch
-    will resume. (Reading a tag's record needs torch: imported here, once the configs are checked.)"""
+    will resume. (Reading a tag's record needs torch: imported here, where there are checkpoints.)"""
+    folder = Path(output_dir) / "checkpoints"
+    if not folder.is_dir() or not any(folder.iterdir()):
+        return 0, None  # a new run
     from implicit_megatron.checkpoints.integrity import check_tag, newest_complete
     from implicit_megatron.checkpoints.layout import DamagedCheckpoint, read_client_state, read_latest, step_of
     from implicit_megatron.config.plan import recorded_bounds
 
-    folder = Path(output_dir) / "checkpoints"
     try:
         tag = read_latest(folder)
         if tag is not None:

@@ -89,9 +89,14 @@ def main(argv: list[str], environ: dict[str, str]) -> int:
                               "--get", "output_dir"], stdout=subprocess.PIPE, text=True)
     if checked.returncode != 0:
         return checked.returncode
+    folders = checked.stdout.rstrip("\n").split("\n")  # one per launch the config makes
+    if len(folders) != 1:
+        print(f"{PROG}: {argv[0]} is a curriculum whose phases run as launches of their own: submit one job per "
+              "phase, with curriculum.run_phase=NAME", file=sys.stderr)
+        return 2
     srun = ["srun", f"--ntasks={job.world}", f"--ntasks-per-node={job.per_node}", "--kill-on-bad-exit=1", *run,
             "bash", "launch/pretrain.sh", *argv]
-    result = supervise(srun, Path(checked.stdout.strip()), job.task_environment(environ), signals, multi_node=False,
+    result = supervise(srun, Path(folders[0]), job.task_environment(environ), signals, multi_node=False,
                        tracking_uri=None, prog=PROG)
     if result.stopped and result.end is not None:
         job_id = environ.get("SLURM_JOB_ID", "")

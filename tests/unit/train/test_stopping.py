@@ -9,7 +9,7 @@ import signal
 
 import pytest
 
-from implicit_megatron.run_control import STOP_ASKED, STOP_SIGNALS
+from implicit_megatron.run_control import LAUNCH, STOP_ASKED, STOP_SIGNALS, RunEnd, StopRequest, StopSignals
 from implicit_megatron.train import stopping
 from implicit_megatron.train.callbacks.preemption import PreemptionCallback
 
@@ -53,3 +53,30 @@ def test_a_sigterm_the_launch_script_took_before_the_rank_started_is_the_ranks(s
     monkeypatch.setenv("WORLD_SIZE", "1")
     with pytest.raises(stopping.StoppedDuringStartUp):
         stopping.check()
+
+
+def test_rank_0_reads_the_launchs_stop_request_and_the_others_wait_for_the_steps_agreement(tmp_path):
+    StopRequest("SIGUSR2 (a test's)").write(tmp_path)
+    others = PreemptionCallback(StopSignals({}), tmp_path, rank=1)
+    first = PreemptionCallback(StopSignals({}), tmp_path, rank=0)
+    assert not others.stop_asked(None) and others.why == "another rank's stop request"
+    assert first.stop_asked(None) and first.why == "SIGUSR2 (a test's)"
+
+
+def test_exit_after_minutes_asks_for_the_same_stop(tmp_path):
+    preemption = PreemptionCallback(StopSignals({}), tmp_path, rank=1, exit_after_minutes=0.0)
+    assert preemption.stop_asked(None) and preemption.why == "train.exit_after_minutes=0"
+
+
+@pytest.mark.parametrize("launched", [True, False])
+def test_a_stop_asked_of_an_earlier_launch_is_not_this_ones(launched, tmp_path, monkeypatch):
+    """A rank started directly (srun, torchrun) drops an earlier launch's request and end; under the
+    launch they are this launch's (it removed the earlier ones before the ranks started)."""
+    monkeypatch.delenv(LAUNCH, raising=False)
+    if launched:
+        monkeypatch.setenv(LAUNCH, "1@host")
+    StopRequest("SIGTERM").write(tmp_path)
+    RunEnd("stopped", 0).write(tmp_path)
+    PreemptionCallback(StopSignals({}), tmp_path, rank=0).before_resume(None)
+    assert (StopRequest.read(tmp_path) is not None) == launched
+    assert (RunEnd.read(tmp_path) is not None) == launched
