@@ -25,13 +25,16 @@ def start_up(monkeypatch):
         signal.signal(signum, handler)
 
 
-def test_a_process_alone_stops_in_its_start_up(start_up, monkeypatch):
+@pytest.mark.parametrize("signum", list(STOP_SIGNALS), ids=lambda s: s.name)
+def test_a_process_alone_stops_in_its_start_up(signum, start_up, monkeypatch):
+    """Every stop signal run_control names, sent to the rank itself (a scheduler signals every process)."""
     monkeypatch.setenv("WORLD_SIZE", "1")
     stopping.signals()
     stopping.check()  # nothing asked yet
-    os.kill(os.getpid(), signal.SIGTERM)
+    os.kill(os.getpid(), signum)
     with pytest.raises(stopping.StoppedDuringStartUp):
         stopping.check()
+    assert stopping.requested() == STOP_SIGNALS[signum]
 
 
 def test_ranks_of_a_larger_world_carry_the_stop_to_their_first_step(start_up, monkeypatch, tmp_path):
