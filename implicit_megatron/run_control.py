@@ -36,6 +36,7 @@ from implicit_megatron.utils.safe_write import replace_text
 STOP_SIGNALS: dict[signal.Signals, str] = {
     signal.SIGTERM: "SIGTERM",
     signal.SIGHUP: "SIGHUP (the terminal closed)",
+    signal.SIGUSR1: "SIGUSR1 (a scheduler's notice)",  # SLURM's --signal=B:USR1@SECONDS before the time limit
     signal.SIGINT: "SIGINT (Ctrl-C)",
 }
 STOP_ASKED = "IMPLICIT_MEGATRON_STOP_ASKED"  # environment: the name of a signal taken before the launch ran
