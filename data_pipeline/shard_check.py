@@ -11,7 +11,7 @@ token is read) and refuses, naming the file, anything that does not add up:
   length times the dtype's size (from 0), the last document ends exactly at the end of the `.bin`;
 - document indices run from 0 to the number of sequences, never decreasing.
 
-The pre-launch check (`python -m implicit_megatron.config`, run by launch/pretrain.sh) and every
+The pre-launch check (`python -m implicit_megatron.config`, and the launch's) and every
 open of a shard for training (data_pipeline.packed) call it.
 
 A build of data_pipeline.preprocess also records, in `{prefix}_stats.json`, each shard file's size

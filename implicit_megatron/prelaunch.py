@@ -3,7 +3,7 @@
     implicit_megatron.load_config(path, overrides, world_size, check_files=True, check_data=False)
     checked_configs(path, overrides, world_size)   each launch's config (a curriculum's: one per phase)
 
-`python -m implicit_megatron.config`, launch/pretrain.sh (through it) and every rank load configs
+`python -m implicit_megatron.config`, the launch (implicit_megatron/launch/) and every rank load configs
 here. `implicit_megatron.config.read_config` checks a config on its own (types, ranges, batch
 sizes, the curriculum); this module adds what needs files, data or a task: the tokenizer
 (`check_files`), every data shard and its tokenizer (`check_data`), the word problem's algebra,

@@ -10,9 +10,10 @@
 # checkpoint.load_optimizer / load_data_state say no; step and LR schedule continue), or its own
 # (a resume). A changed world size or ZeRO stage is handled by the training entry. Run it again
 # after a failure: finished phases are skipped, an unfinished one resumes.
-# Preemption: SIGTERM or SIGHUP (to this script or to the whole job) stops the
+# Preemption: SIGTERM, SIGHUP or SIGUSR1 (to this script or to the whole job) stops the
 # running phase with a checkpoint and ends the curriculum with exit 0 without starting the next
-# phase; launch it again to resume that phase.
+# phase; launch it again to resume that phase. `--plan` as the first argument prints the plan.
+# Ctrl-C: as launch/pretrain.sh's.
 # The phases run from implicit_megatron/launch/curriculum.py, each a launch as launch/pretrain.sh's.
 set -euo pipefail
 if [ "${1:-}" = "-h" ] || [ "${1:-}" = "--help" ]; then  # the header above, without its comment marks

@@ -14,9 +14,10 @@
 #   GPU_DEVICE_NODES (where to look for GPUs before asking torch; default /dev/nvidia* /dev/kfd /dev/dxg).
 # Ports: one node without MASTER_PORT takes a free port (two runs on one machine do not collide);
 #   several nodes use MASTER_PORT or 29500 on every node.
-# Preemption: SIGTERM to this script (or to the whole job), SIGHUP (its terminal closed) or Ctrl-C makes
-#   the ranks finish their step, save a checkpoint and stop; the script then exits 0, as after a
-#   finished run. A second Ctrl-C stops at once (exit 130). Anything else exits non-zero.
+# Preemption: SIGTERM or SIGUSR1 to this script (or to the whole job), SIGHUP (its terminal closed) or
+#   Ctrl-C makes the ranks finish their step, save a checkpoint and stop; the script then exits 0, as
+#   after a finished run, and <output_dir>/run-end.json says `stopped`. A second Ctrl-C stops at once
+#   (exit 130). Anything else exits non-zero. (The stop signals: implicit_megatron/run_control.py.)
 # This script finds or sets up the Python environment and hands over to the launch itself,
 # implicit_megatron/launch/ (python -m implicit_megatron.launch CONFIG ...: the checks, the world, the
 # launcher and the graceful stop).

@@ -284,7 +284,7 @@ class TrainConfig:
     peak_tflops: float | None = None  # per device, for MFU; None: looked up from the GPU's name
     compile: bool = False  # torch.compile each backbone block (Backbone.compile_blocks)
     timers: bool = False  # log where a step's time goes; synchronises the device between sections
-    exit_after_minutes: float | None = None  # save and stop (exit 0, preempted.json) this long after start
+    exit_after_minutes: float | None = None  # save and stop (exit 0, run-end.json: stopped) this long after start
 
 
 @dataclass

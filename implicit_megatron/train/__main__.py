@@ -25,11 +25,11 @@ from implicit_megatron.train.process import quiet
 from implicit_megatron.utils.ports import free_port
 from implicit_megatron.utils.typed_yaml import ConfigError, dashed_override
 
-ENCODED = "--args-base64"  # launch/pretrain.sh's form on several nodes: CONFIG and overrides, NUL-ended, in base64
+ENCODED = "--args-base64"  # the launch's form on several nodes (launch/command.py): CONFIG and overrides, NUL-ended
 
 
 def decoded(argv: list[str]) -> list[str]:
-    """The arguments themselves, where launch/pretrain.sh sent them as `--args-base64 WORD` through a
+    """The arguments themselves, where the launch sent them as `--args-base64 WORD` through a
     remote shell (which would split or run them as they are); any other form as it is."""
     rest = [a for a in argv if not a.startswith(("--local_rank", "--local-rank"))]  # a launcher may add it
     if len(rest) != 2 or rest[0] != ENCODED:

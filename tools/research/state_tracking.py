@@ -113,7 +113,7 @@ def train(model: str, seed: int, args: argparse.Namespace, out: Path) -> None:
 
 
 def run_threads(nproc: int) -> int:
-    """The threads each training process runs on, as launch/pretrain.sh sets them: OMP_NUM_THREADS
+    """The threads each training process runs on, as the launch sets them (launch/world.py): OMP_NUM_THREADS
     when it is set, else the cores shared by the processes. The estimate times the step on these, so
     a sweep started with OMP_NUM_THREADS=1 beside another is not timed on threads it will not have."""
     given = os.environ.get("OMP_NUM_THREADS", "")

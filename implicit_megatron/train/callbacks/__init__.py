@@ -3,7 +3,7 @@
 One module per concern: stall.py (the stall watch's view of what the rank does), phases.py (the
 curriculum's phase of each step), reporting.py (log lines, metrics.jsonl, MLflow; the run's last
 line), warnings.py (a diverging loss, solves that never converge), preemption.py (a graceful stop:
-signals, the stop file, train.exit_after_minutes), nonfinite.py (skipped updates, the stop after
+signals, the launch's stop request, train.exit_after_minutes), nonfinite.py (skipped updates, the stop after
 too many in a row), loss_jump.py (no checkpoint of a jumped loss), validation.py and
 checkpointing.py (their cadences), timers.py (where a step's time went, `train.timers`). `Hooks`
 calls them in that order. `register` adds a callback to every Trainer started afterwards in this

@@ -9,8 +9,8 @@ puts this folder on PYTHONPATH and names its faults in TEST_FAULTS (support.proc
                                          written that checkpoint, before `latest` names it
     {"seconds_per_step": 3}              every micro-batch takes that much longer (a step a stop must wait for)
     {"slow_step": [1, 4, 20]}            rank 1's step 4 takes 20 s longer (its heartbeat goes on meanwhile)
-    {"hold_start_up": true}              rank 0 ends its start-up only once the output folder holds
-                                         `stop-requested` (it writes `start-up-held` first, so a test
+    {"hold_start_up": true}              rank 0 ends its start-up only once the launch has asked for a
+                                         stop (run_control.StopRequest; it writes `start-up-held` first, so a test
                                          knows when to ask for the stop); a phase name instead of
                                          true: only in the launch of that curriculum phase
 
@@ -28,6 +28,7 @@ from pathlib import Path
 _FAULTS = json.loads(os.environ.get("TEST_FAULTS") or "{}")
 
 if _FAULTS:
+    from implicit_megatron.run_control import StopRequest
     from implicit_megatron.train import callbacks
 
     class _Faults(callbacks.Callback):
@@ -36,7 +37,7 @@ if _FAULTS:
             if held is not None and held in (True, cfg.curriculum.run_phase) and os.environ.get("RANK", "0") == "0":
                 Path(cfg.output_dir, "start-up-held").touch()
                 deadline = time.monotonic() + 120
-                while not Path(cfg.output_dir, "stop-requested").exists() and time.monotonic() < deadline:
+                while StopRequest.read(Path(cfg.output_dir)) is None and time.monotonic() < deadline:
                     time.sleep(0.05)
 
         def on_loss(self, step, loss):

@@ -166,7 +166,7 @@ def test_no_system_metrics_unless_asked(tmp_path, shakespeare_shards, monkeypatc
 
 
 def test_end_run_records_a_killed_launch_once(tmp_path, shakespeare_shards):
-    """What pretrain.sh runs after a second Ctrl-C killed the ranks before they could record it: in
+    """What the launch runs after a second Ctrl-C killed the ranks before they could record it: in
     the store of the config it launched (here none: the folder's own), never the one a config.yaml
     left in the folder names (a received folder's, when the ranks died before writing theirs)."""
     import subprocess
