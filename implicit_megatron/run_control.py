@@ -193,9 +193,10 @@ class RunEnd:
         return self.outcome == "stopped"
 
     def describe(self) -> str:
+        """What ended it and where, e.g. 'SIGTERM after step 6, checkpoint bounded-step6'."""
         after = f" after step {self.step}" if self.step is not None else " before its first step"
         saved = f", checkpoint {self.checkpoint}" if self.checkpoint else ", nothing saved"
-        return f"{self.outcome} by {self.reason or 'its end'}{after}{saved}"
+        return f"{self.reason or self.outcome}{after}{saved}"
 
     def write(self, folder: Path) -> None:
         replace_text(folder / RUN_END_FILE, json.dumps(asdict(self)) + "\n")

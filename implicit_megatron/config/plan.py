@@ -7,7 +7,7 @@
     plan_phases(configs, step, recorded)  a curriculum of launches: each phase's launch and whether it is done
 
 Plain data: the run's step and recorded ranges are read from its checkpoints by the caller
-(implicit_megatron/launch/curriculum.py, train/curriculum.py).
+(implicit_megatron/launch/curriculum.py, train/callbacks/phases.py).
 """
 
 from __future__ import annotations

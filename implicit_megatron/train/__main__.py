@@ -142,7 +142,7 @@ def _run(args, seen_output) -> RunEnd:
         _speak(f"error on rank {rank}: {type(err).__name__}: {err}", err=True)
         return RunEnd("failed", 1, reason=str(err))
     except Exception as err:  # one clear line before the traceback that follows
-        from implicit_megatron.train.stall_watch import name_timeout
+        from implicit_megatron.train.callbacks.stall import name_timeout
 
         line = name_timeout(err, rank, cfg.distributed.collective_timeout_minutes)
         if line is not None:  # a process group's or the store's own timeout: the line says it all
@@ -210,7 +210,7 @@ def _exit_with_launcher(launcher: int, output_dir: str, tracked_run: tuple[str, 
 
 def _leave_process_group() -> None:
     """Tear the process group down before the interpreter does, as torch asks (the stall watch,
-    whose threads call into torch's store, has ended by then: train/stall_watch.py, StallWatch.done)."""
+    whose threads call into torch's store, has ended by then: train/callbacks/stall.py, StallWatch.done)."""
     import torch.distributed as dist
 
     if dist.is_initialized():

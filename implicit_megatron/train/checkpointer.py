@@ -255,12 +255,11 @@ class Checkpointer:
         of its own, whatever a launch that died before saving left in the folder."""
         return self.source is not None and self.source.folder == checkpoint_dir(self.cfg)
 
-    def resume(self, engine, progress, data: DataPosition, phases) -> dict | None:
-        """Load the prepared start into the engine, and give each part of the run its state back:
-        the step and samples to `progress` and (as checkpoint.load_data_state says) the position to
-        `data`, then the phases (curriculum.Phases.resume, at the step resumed). Returns the client
-        state (None for a fresh start). The step, and with it the LR schedule, continues across a
-        handoff."""
+    def resume(self, engine, progress, data: DataPosition) -> dict | None:
+        """Load the prepared start into the engine, and give the step and samples back to `progress`
+        and (as checkpoint.load_data_state says) the position to `data`. Returns the client state
+        (None for a fresh start), from which the loop's callbacks take theirs (Hooks.resume). The
+        step, and with it the LR schedule, continues across a handoff."""
         source = self.source
         if source is None:
             self._drop_records_after(0)  # of a launch that died before its first checkpoint
@@ -279,7 +278,6 @@ class Checkpointer:
                              "already seen come in the same order; extending the run")
         self.log(f"loaded {state['loaded_from']} at step {progress.step} ({progress.consumed_samples} samples)")
         self._drop_records_after(progress.step)
-        phases.resume(state, progress.step)
         return state
 
     def _drop_records_after(self, step: int) -> None:

@@ -36,7 +36,7 @@ def init_distributed(cfg: Config) -> None:
 
 def collective_timeout(cfg: Config) -> timedelta:
     """The process groups' own timeout, distributed.collective_timeout_minutes: above anything the stall
-    watch allows (train/stall_watch.py, the one judge of a stall), so that it ends only collectives that
+    watch allows (train/callbacks/stall.py, the one judge of a stall), so that it ends only collectives that
     living ranks never meet, and never a rank that is slow while its heartbeat goes on."""
     return timedelta(minutes=cfg.distributed.collective_timeout_minutes)
 

@@ -5,9 +5,10 @@ checkpoint's info).
 
     part                          keys of the client state (rank 0's, in the engine's files)
     Progress (progress.py)        step, consumed_samples, consumed_tokens, phase
-    Phases (curriculum.py)        phase_bounds
     DataPosition (here)           data (the batch stream's position), data_fingerprint (the order's digest)
     RngState (here)               every generator, in a file of each rank's own (rng_rank{r}.pt)
+    the loop's callbacks          their own (callbacks/*.py: phase_bounds, loss_jump_window, divergence,
+                                  unconverged_intervals, validation_owed), given through Hooks.state_dict
 
 A key given by two parts is refused: one would overwrite the other in every checkpoint.
 """
@@ -15,19 +16,18 @@ A key given by two parts is refused: one would overwrite the other in every chec
 from __future__ import annotations
 
 import random
+from collections.abc import Sequence
 from typing import Protocol, cast
 
 import numpy as np
 import torch
 
 
-class Stateful(Protocol):
+class GivesState(Protocol):
     def state_dict(self) -> dict: ...
 
-    def load_state_dict(self, state: dict) -> None: ...
 
-
-def gathered(parts: list[Stateful]) -> dict:
+def gathered(parts: Sequence[GivesState]) -> dict:
     """Every part's state in one client state."""
     client: dict = {}
     for part in parts:

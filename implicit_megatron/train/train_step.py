@@ -12,10 +12,10 @@ import torch
 
 from implicit_megatron.config import Config
 from implicit_megatron.models.lm import seq_idx_from_eod
+from implicit_megatron.train.callbacks.timers import StepTimers
 from implicit_megatron.train.flops import step_flops
 from implicit_megatron.train.schedule import learning_rate
 from implicit_megatron.train.step_metrics import IntervalMetrics, step_flags
-from implicit_megatron.train.timers import StepTimers
 from implicit_megatron.train.validation import accuracy, lm_loss
 
 

@@ -57,7 +57,8 @@ def test_torch_counts_gpus_only_where_a_gpu_device_node_exists(nodes, tmp_path):
                              f"train.output_dir={tmp_path / 'run'}"], cwd=ROOT, env=env, capture_output=True,
                             text=True, timeout=120)
     assert result.returncode == 2 and "train.stepz" in result.stderr  # refused by the config check after the count
-    calls = log.read_text().splitlines()  # the launch itself, then torch's count in a process of its own
+    traps, *calls = log.read_text().splitlines()  # the launch itself, then torch's count in a process of its own
+    assert traps == "-S -m implicit_megatron.run_control --shell-traps"  # the front door's traps: no torch
     assert calls[0].startswith("-m implicit_megatron.launch configs/tiny/mamba2-implicit.yaml"), calls
     assert calls[1:] == (["-c " + COUNT_GPUS] if nodes == "present" else []), calls
 

@@ -117,3 +117,14 @@ def on_a_small_tmpfs(tmp_path, mount: str, snippet: str, timeout: float = 120) -
                             capture_output=True, text=True, timeout=timeout)
     assert result.returncode == 0, result.stderr[-3000:]
     return result
+
+
+def store_host() -> tuple[subprocess.Popen, int]:
+    """A process that hosts a rendezvous TCPStore (as torchrun's agent does), and its port: a test
+    stops and resumes it (SIGSTOP, SIGCONT) as a suspended launcher."""
+    host = subprocess.Popen([sys.executable, "-c", "import sys, time, torch.distributed as d\n"
+                             "s = d.TCPStore('127.0.0.1', 0, is_master=True, wait_for_workers=False)\n"
+                             "print(s.port, flush=True); time.sleep(600)"],
+                            stdout=subprocess.PIPE, text=True)
+    assert host.stdout is not None
+    return host, int(host.stdout.readline())

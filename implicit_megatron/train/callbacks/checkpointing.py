@@ -1,17 +1,19 @@
-"""A checkpoint every checkpoint.interval steps, at a phase's last step and at the run's, where
-every callback allows it (the loss-jump guard may not); the checkpointer keeps checkpoint.keep_last
-of them (train/checkpointer.py: saving, the `latest` pointer, retention)."""
+"""A checkpoint every checkpoint.interval steps, at a phase's last step and at the launch's last; the
+Hooks save it where no callback holds it back (a non-finite step, a jumped loss). The checkpointer
+(train/checkpointer.py) writes it and keeps checkpoint.keep_last of them."""
 
 from __future__ import annotations
 
-from implicit_megatron.train.callbacks import Callback
+from implicit_megatron.train.callbacks import Callback, StepControl, StepEnd
 
 
-class CheckpointCallback(Callback):
-    def on_step_end(self, trainer, result, control) -> None:
-        step = trainer.progress.step
-        due = step % trainer.cfg.checkpoint.interval == 0 or step == trainer.last_step \
-            or trainer.phases.ends_after(step)
-        if due and trainer.hooks.allow_save(trainer, step):
-            trainer.hooks.activity(trainer, f"the checkpoint of step {step}")
-            trainer.save()
+class CheckpointCadence(Callback):
+    priority = 20
+
+    def __init__(self, interval: int, ends_phase=lambda step: False) -> None:
+        """`ends_phase(step)`: whether `step` is the last of its curriculum phase (Phases.ends_after)."""
+        self.interval, self.ends_phase = interval, ends_phase
+
+    def on_step_end(self, end: StepEnd, control: StepControl) -> None:
+        if end.step % self.interval == 0 or end.step == end.last_step or self.ends_phase(end.step):
+            control.save = True

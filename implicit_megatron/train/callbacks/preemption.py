@@ -15,19 +15,21 @@ import time
 from pathlib import Path
 
 from implicit_megatron.run_control import Launch, RunEnd, StopRequest, StopSignals
-from implicit_megatron.train.callbacks import Callback
+from implicit_megatron.train.callbacks import Callback, FitEnd, StepControl, StepEnd
 from implicit_megatron.train.stopping import STARTED
 
 
-class PreemptionCallback(Callback):
+class Preemption(Callback):
+    priority = 80  # a stop's end comes before a non-finite last step's
+
     def __init__(self, signals: StopSignals, output_dir: str | Path, rank: int,
-                 exit_after_minutes: float | None = None) -> None:
-        self.signals, self.folder, self.rank = signals, Path(output_dir), rank
+                 exit_after_minutes: float | None = None, log=None) -> None:
+        self.signals, self.folder, self.rank, self.log = signals, Path(output_dir), rank, log
         self.minutes = exit_after_minutes
         self.deadline = None if exit_after_minutes is None else STARTED + 60 * exit_after_minutes
-        self.agreed = False  # some rank was asked, as of the last step: every rank stops after it
+        self.stopped_after: int | None = None  # the step after which the ranks agreed to stop
 
-    def before_resume(self, trainer) -> None:
+    def before_resume(self) -> None:
         """A stop asked of an earlier launch is not one asked of this one: its request and end go,
         where no launch watches this one (a rank started directly, e.g. by srun or torchrun). Under
         the launch, it has removed both before the ranks started, and a request found now was asked
@@ -36,7 +38,7 @@ class PreemptionCallback(Callback):
             StopRequest.clear(self.folder)
             RunEnd.clear(self.folder)
 
-    def stop_asked(self, trainer) -> bool:
+    def stop_asked(self) -> bool:
         """Whether this rank was asked to stop (rank 0 also reads the launch's request)."""
         if self.signals.asked() is None and self.rank == 0:
             request = StopRequest.read(self.folder)
@@ -50,13 +52,17 @@ class PreemptionCallback(Callback):
     def why(self) -> str:
         return self.signals.asked() or "another rank's stop request"
 
-    def on_step_end(self, trainer, result, control) -> None:
-        self.agreed = result.stop_agreed
-        if not result.stop_agreed:
+    def on_step_end(self, end: StepEnd, control: StepControl) -> None:
+        if not end.stop_agreed:
             return
-        p = trainer.progress
-        tag = None if p.nonfinite_steps else trainer.save()
-        if self.rank == 0:
-            StopRequest.clear(self.folder)
-        trainer.log(f"stopped by {self.why} after step {p.step}; launch again to resume")
-        control.end("KILLED", completed=False, reason=self.why, checkpoint=tag)
+        self.stopped_after = end.step
+        control.save = True
+        control.hold("validate", "a graceful stop (grace periods are short)")
+        control.end("KILLED", completed=False, reason=self.why)
+
+    def on_fit_end(self, end: FitEnd) -> None:
+        if self.stopped_after is not None and end.status == "KILLED":
+            if self.rank == 0:
+                StopRequest.clear(self.folder)
+            if self.log is not None:
+                self.log(f"stopped by {self.why} after step {self.stopped_after}; launch again to resume")

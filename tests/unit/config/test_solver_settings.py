@@ -34,15 +34,15 @@ def test_a_phase_declares_the_solver_keys_it_sets_with_the_solvers_types():
 
 
 def test_a_phase_switch_changes_the_phases_keys_and_nothing_else():
-    from implicit_megatron.train.curriculum import Phases
+    from implicit_megatron.train.callbacks.phases import Phases
     from implicit_megatron.train.loop import Progress
 
     cfg = load_config(ROOT / "configs/tiny/mamba2-implicit.yaml", ["implicit.damping=0.6", "implicit.eval_factor=3"],
                       check_files=False)
     core = build_model(cfg).core
     before = dataclasses.asdict(core.settings)
-    phases, progress = Phases(cfg, lambda line: None), Progress()
-    phases.apply(cfg.train.steps - 1, core, progress)  # the free phase
+    phases = Phases(cfg, lambda line: None, core, Progress())
+    phases.on_step_start(cfg.train.steps - 1)  # the free phase
     after = dataclasses.asdict(core.settings)
     changed = {k for k in after if after[k] != before[k]}
     assert changed == {"max_iter", "phantom_steps", "tol"} and after["damping"] == 0.6 and after["eval_factor"] == 3

@@ -104,5 +104,5 @@ def test_a_stop_asked_of_the_job_stops_its_tasks_gracefully_and_requeues(tmp_pat
         "--ntasks=2", "--ntasks-per-node=1", "--kill-on-bad-exit=1", "bash", "launch/pretrain.sh",
         "configs/tiny/x.yaml", "a=1"]
     assert (tmp_path / "scontrol").read_text().splitlines() == ["show hostnames node001", "requeue 77"]
-    assert ("slurm.sbatch: stopped gracefully (stopped by SIGHUP (the terminal closed) after step 2, nothing saved); "
+    assert ("slurm.sbatch: stopped gracefully (SIGHUP (the terminal closed) after step 2, nothing saved); "
             "requeueing job 77") in out

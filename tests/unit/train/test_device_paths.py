@@ -12,11 +12,11 @@ from support.cuda_api import StandInGPU
 from support.processes import ROOT
 
 from implicit_megatron import load_config
+from implicit_megatron.train.callbacks.reporting import memory_metrics
+from implicit_megatron.train.callbacks.timers import StepTimers
 from implicit_megatron.train.engine import process_group_backend
 from implicit_megatron.train.flops import peak_flops_per_device
-from implicit_megatron.train.reporting import memory_metrics
 from implicit_megatron.train.run_state import RngState
-from implicit_megatron.train.timers import StepTimers
 
 
 @pytest.fixture

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from support.fake_checkpoints import fake_checkpoint
 
 from implicit_megatron import build_model, load_config
 from implicit_megatron.builder import remove_weight_norm
@@ -24,26 +25,6 @@ from implicit_megatron.utils.typed_yaml import ConfigError
 ROOT = Path(__file__).resolve().parents[3]
 TINY = str(ROOT / "configs/tiny/mamba2-implicit.yaml")
 CURRICULUM = str(ROOT / "configs/tiny/mamba2-curriculum.yaml")
-
-
-def fake_checkpoint(out: Path, tag: str, world_size: int, zero_stage: int, precision: str = "fp32",
-                    *overrides: str, client: dict | None = None) -> None:
-    """A tag folder whose files are those a real one has; the decision reads the model-states file."""
-    cfg = load_config(TINY, [f"distributed.zero_stage={zero_stage}", f"distributed.precision={precision}",
-                             *overrides])
-    folder = out / "checkpoints" / tag
-    folder.mkdir(parents=True)
-    states = {"dp_world_size": world_size, "config": cfg.to_dict(), **(client or {})}
-    for rank in range(world_size):
-        torch.save({}, folder / f"rng_rank{rank}.pt")
-        if zero_stage == 3:
-            torch.save(states, folder / f"zero_pp_rank_{rank}_mp_rank_00_model_states.pt")
-        if zero_stage:  # named as DeepSpeed names them: by the precision
-            prefix = "bf16_" if precision == "bf16" else ""
-            torch.save({}, folder / f"{prefix}zero_pp_rank_{rank}_mp_rank_00_optim_states.pt")
-    if zero_stage != 3:
-        torch.save(states, folder / "mp_rank_00_model_states.pt")
-    (out / "checkpoints" / "latest").write_text(tag + "\n")
 
 
 def source_for(out: Path, world: int, *overrides: str):

@@ -64,7 +64,7 @@ def test_a_bounded_step_reads_the_host_once(one_rank, shakespeare_shards, tmp_pa
             trainer.train_step(step)
         per_step.append((calls["flags"] - before["flags"], calls["reads"] - before["reads"], items.count))
         if (step + 1) % 4 == 0:
-            trainer.reporter.report(trainer.interval_metrics(), trainer.progress.step)
+            trainer.report(trainer.progress.step)
     assert per_step == [(1, 0, 0)] * 8  # two micro-batches each: the agreed flags and nothing else
     assert calls["reads"] == 2  # one per log interval
     logged = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]

@@ -6,8 +6,8 @@ import time
 
 import torch
 
+from implicit_megatron.train.callbacks.timers import StepTimers
 from implicit_megatron.train.log_line import clock, timers_line, training_line, validation_lines
-from implicit_megatron.train.timers import StepTimers
 
 FULL = {"train/loss": 4.51234, "train/lr": 3e-4, "train/grad_norm": 0.8423, "solver/iterations": 5.0,
         "solver/residual": 3.14e-3, "solver/converged_frac": 1.0, "train/step_seconds": 0.4123,

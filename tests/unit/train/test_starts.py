@@ -12,6 +12,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 import torch.distributed as dist
+from support.fake_checkpoints import fake_checkpoint
 from support.processes import free_port
 
 from implicit_megatron import build_model, load_config
@@ -23,24 +24,6 @@ from implicit_megatron.train.starts import Native, Start, Universal, WeightsFirs
 
 ROOT = Path(__file__).resolve().parents[3]
 TINY = str(ROOT / "configs/tiny/mamba2-implicit.yaml")
-
-
-def fake_tag(out: Path, tag: str, world_size: int, zero_stage: int, client: dict | None = None) -> Path:
-    """A fp32 tag folder with the files a real one has, its model states holding the run config."""
-    cfg = load_config(TINY, [f"distributed.zero_stage={zero_stage}"])
-    folder = out / "checkpoints" / tag
-    folder.mkdir(parents=True)
-    states = {"dp_world_size": world_size, "config": cfg.to_dict(), **(client or {})}
-    for rank in range(world_size):
-        torch.save({}, folder / f"rng_rank{rank}.pt")
-        if zero_stage == 3:
-            torch.save(states, folder / f"zero_pp_rank_{rank}_mp_rank_00_model_states.pt")
-        if zero_stage:
-            torch.save({}, folder / f"zero_pp_rank_{rank}_mp_rank_00_optim_states.pt")
-    if zero_stage != 3:
-        torch.save(states, folder / "mp_rank_00_model_states.pt")
-    (out / "checkpoints" / "latest").write_text(tag + "\n")
-    return folder
 
 
 @pytest.fixture
@@ -65,7 +48,7 @@ def test_the_kinds_are_a_closed_set_asked_in_order_and_built_with_keywords():
 
 
 def test_each_start_names_itself_in_the_log_as_launch_scripts_read_it(tmp_path):
-    tag = fake_tag(tmp_path, "bounded-step8", 2, 2)
+    tag = fake_checkpoint(tmp_path, "bounded-step8", 2, 2)
 
     def start(world: int, *overrides: str) -> Start:
         cfg = load_config(TINY, [f"train.output_dir={tmp_path}", *overrides])
@@ -84,11 +67,11 @@ def test_rank_zeros_choice_is_a_typed_record_with_the_tag_the_run_id_or_the_erro
     cfg = load_config(TINY, [f"train.output_dir={tmp_path}"])
     fresh = read_own_start(cfg, print)
     assert fresh.tag is None and fresh.error is None and re.fullmatch(r"[0-9a-f]{32}", str(fresh.run_id))
-    fake_tag(tmp_path, "bounded-step8", 1, 0, client={"step": 8, "run_id": fresh.run_id})
+    fake_checkpoint(tmp_path, "bounded-step8", 1, 0, client={"step": 8, "run_id": fresh.run_id})
     chosen = read_own_start(cfg, print)
     assert chosen == OwnStart(tag="bounded-step8", run_id=fresh.run_id)
     assert pickle.loads(pickle.dumps(chosen)) == chosen  # as broadcast_object_list sends it
-    fake_tag(tmp_path, "bounded-step9", 1, 0, client={"step": 9, "run_id": "0" * 32})  # `latest` names it
+    fake_checkpoint(tmp_path, "bounded-step9", 1, 0, client={"step": 9, "run_id": "0" * 32})  # `latest` names it
     refused = read_own_start(cfg, print)
     assert refused.tag is None and "bounded-step9: was saved by another run" in str(refused.error)
 
@@ -126,8 +109,7 @@ def test_a_new_kind_of_start_is_one_class(kinds, one_process_group, tmp_path):
     assert f"starting from {tmp_path / 'weights.pt'} (handoff/load, state-dict)" in said
     for name, tensor in model.state_dict().items():
         assert torch.equal(tensor, trained[name]), name
-    progress, resumed = Progress(), []
-    phases = SimpleNamespace(resume=lambda state, step: resumed.append(step))
-    state = checkpointer.resume(None, progress, SimpleNamespace(fingerprint=None), phases)
-    assert state == {"loaded_from": str(tmp_path / "weights.pt")} and progress.step == 0 and resumed == [0]
+    progress = Progress()
+    state = checkpointer.resume(None, progress, SimpleNamespace(fingerprint=None))
+    assert state == {"loaded_from": str(tmp_path / "weights.pt")} and progress.step == 0
     assert not checkpointer.from_own_folder  # a run of its own

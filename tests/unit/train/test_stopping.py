@@ -11,7 +11,7 @@ import pytest
 
 from implicit_megatron.run_control import LAUNCH, STOP_ASKED, STOP_SIGNALS, RunEnd, StopRequest, StopSignals
 from implicit_megatron.train import stopping
-from implicit_megatron.train.callbacks.preemption import PreemptionCallback
+from implicit_megatron.train.callbacks.preemption import Preemption
 
 
 @pytest.fixture
@@ -40,19 +40,19 @@ def test_a_process_alone_stops_in_its_start_up(signum, start_up, monkeypatch):
 def test_ranks_of_a_larger_world_carry_the_stop_to_their_first_step(start_up, monkeypatch, tmp_path):
     monkeypatch.setenv("WORLD_SIZE", "2")
     signals = stopping.signals()
-    preemption = PreemptionCallback(signals, tmp_path, rank=1)
-    assert not preemption.stop_asked(None)
+    preemption = Preemption(signals, tmp_path, rank=1)
+    assert not preemption.stop_asked()
     os.kill(os.getpid(), signal.SIGINT)
     stopping.check()  # no rank leaves alone
-    assert preemption.stop_asked(None) and preemption.why == "SIGINT (Ctrl-C)"
+    assert preemption.stop_asked() and preemption.why == "SIGINT (Ctrl-C)"
 
 
 def test_a_sigterm_the_launch_script_took_before_the_rank_started_is_the_ranks(start_up, monkeypatch, tmp_path):
     """launch/pretrain.sh, about to become the rank (`exec`), passes on a SIGTERM its trap took."""
     monkeypatch.setenv("WORLD_SIZE", "2")
     monkeypatch.setenv(STOP_ASKED, "SIGTERM")
-    preemption = PreemptionCallback(stopping.signals(), tmp_path, rank=0)
-    assert preemption.stop_asked(None) and preemption.why == "SIGTERM"
+    preemption = Preemption(stopping.signals(), tmp_path, rank=0)
+    assert preemption.stop_asked() and preemption.why == "SIGTERM"
     monkeypatch.setenv("WORLD_SIZE", "1")
     with pytest.raises(stopping.StoppedDuringStartUp):
         stopping.check()
@@ -60,15 +60,15 @@ def test_a_sigterm_the_launch_script_took_before_the_rank_started_is_the_ranks(s
 
 def test_rank_0_reads_the_launchs_stop_request_and_the_others_wait_for_the_steps_agreement(tmp_path):
     StopRequest("SIGUSR2 (a test's)").write(tmp_path)
-    others = PreemptionCallback(StopSignals({}), tmp_path, rank=1)
-    first = PreemptionCallback(StopSignals({}), tmp_path, rank=0)
-    assert not others.stop_asked(None) and others.why == "another rank's stop request"
-    assert first.stop_asked(None) and first.why == "SIGUSR2 (a test's)"
+    others = Preemption(StopSignals({}), tmp_path, rank=1)
+    first = Preemption(StopSignals({}), tmp_path, rank=0)
+    assert not others.stop_asked() and others.why == "another rank's stop request"
+    assert first.stop_asked() and first.why == "SIGUSR2 (a test's)"
 
 
 def test_exit_after_minutes_asks_for_the_same_stop(tmp_path):
-    preemption = PreemptionCallback(StopSignals({}), tmp_path, rank=1, exit_after_minutes=0.0)
-    assert preemption.stop_asked(None) and preemption.why == "train.exit_after_minutes=0"
+    preemption = Preemption(StopSignals({}), tmp_path, rank=1, exit_after_minutes=0.0)
+    assert preemption.stop_asked() and preemption.why == "train.exit_after_minutes=0"
 
 
 @pytest.mark.parametrize("launched", [True, False])
@@ -80,6 +80,6 @@ def test_a_stop_asked_of_an_earlier_launch_is_not_this_ones(launched, tmp_path, 
         monkeypatch.setenv(LAUNCH, "1@host")
     StopRequest("SIGTERM").write(tmp_path)
     RunEnd("stopped", 0).write(tmp_path)
-    PreemptionCallback(StopSignals({}), tmp_path, rank=0).before_resume(None)
+    Preemption(StopSignals({}), tmp_path, rank=0).before_resume()
     assert (StopRequest.read(tmp_path) is not None) == launched
     assert (RunEnd.read(tmp_path) is not None) == launched

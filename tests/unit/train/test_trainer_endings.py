@@ -11,7 +11,7 @@ from support.processes import ROOT
 from implicit_megatron import load_config
 from implicit_megatron.errors import RunRefused
 from implicit_megatron.train import loop
-from implicit_megatron.train.stall_watch import StallWatch
+from implicit_megatron.train.callbacks.stall import StallWatch
 
 
 class Recorded(StallWatch):

@@ -13,8 +13,9 @@ from datetime import timedelta
 
 import pytest
 import torch.distributed as dist
+from support.processes import store_host
 
-from implicit_megatron.train.stall_watch import StallWatch, name_timeout
+from implicit_megatron.train.callbacks.stall import StallWatch, name_timeout
 
 LIMIT_MINUTES = 0.04  # 2.4 s: heartbeats every 0.24 s, a pause counted afresh after 2 s of overrun
 
@@ -22,7 +23,7 @@ RANK = """
 import os, sys, time
 from datetime import timedelta
 import torch.distributed as dist
-from implicit_megatron.train.stall_watch import StallWatch
+from implicit_megatron.train.callbacks.stall import StallWatch
 rank, world, port = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
 store = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=30))
 store.add("ready", 1)
@@ -76,15 +77,6 @@ def test_a_paused_job_and_slow_steps_go_on_a_silent_rank_is_named():
         for proc in ranks:
             proc.kill()
             proc.wait()
-
-
-def store_host() -> tuple[subprocess.Popen, int]:
-    host = subprocess.Popen([sys.executable, "-c", "import sys, time, torch.distributed as d\n"
-                             "s = d.TCPStore('127.0.0.1', 0, is_master=True, wait_for_workers=False)\n"
-                             "print(s.port, flush=True); time.sleep(600)"],
-                            stdout=subprocess.PIPE, text=True)
-    assert host.stdout is not None
-    return host, int(host.stdout.readline())
 
 
 @pytest.mark.processes

@@ -10,7 +10,9 @@ import torch.distributed as dist
 from support.processes import free_port
 
 from implicit_megatron.checkpoints.layout import prune, read_held
-from implicit_megatron.train.guards import MIN_LOSS_JUMP, DivergenceWatch, LossJumpGuard
+from implicit_megatron.train.callbacks import StepControl, StepEnd
+from implicit_megatron.train.callbacks.divergence import DivergenceWatch
+from implicit_megatron.train.callbacks.loss_jump import MIN_LOSS_JUMP, LossJumpGuard
 
 
 @pytest.fixture
@@ -21,9 +23,14 @@ def one_process_group():
 
 
 def jumped(loss: float, recent: list[float]) -> bool:
-    guard = LossJumpGuard(4.0, log=lambda message: None)
+    guard = LossJumpGuard(4.0, log=lambda message: None, device=torch.device("cpu"))
     guard.recent.extend(recent)
-    return guard.jumped(loss, torch.device("cpu"))
+    return guard.jumped(loss)
+
+
+def step_end(step: int, loss: float, finite: bool = True) -> StepEnd:
+    return StepEnd(step=step, last_step=100, finite=finite, stop_agreed=False, losses=[torch.tensor(loss)],
+                   nonfinite_in_row=0 if finite else 1)
 
 
 def test_a_spike_is_a_jump_and_noise_near_zero_is_not(one_process_group):
@@ -36,12 +43,13 @@ def test_a_spike_is_a_jump_and_noise_near_zero_is_not(one_process_group):
 
 def test_a_checkpoint_is_held_back_at_a_jump_and_the_step_losses_stay_on_the_device(one_process_group):
     said = []
-    guard = LossJumpGuard(4.0, log=said.append)
-    for loss in [3.0] * 20:
-        guard.add(torch.tensor(loss))
-    assert guard.allows_save(20, torch.device("cpu")) and not said
-    guard.add(torch.tensor(13.0))
-    assert not guard.allows_save(21, torch.device("cpu"))
+    guard = LossJumpGuard(4.0, log=said.append, device=torch.device("cpu"))
+    for step, loss in enumerate([3.0] * 20, 1):
+        guard.on_step_end(step_end(step, loss), StepControl())
+    assert all(v.device.type == "cpu" and v.dim() == 0 for v in guard.unread) and len(guard.unread) == 20
+    assert guard.allows_save(20) and not said
+    guard.on_step_end(step_end(21, 13.0), StepControl())
+    assert not guard.allows_save(21)
     assert said == ["warning: no checkpoint at step 21: the loss jumped beyond checkpoint.max_loss_jump=4.0 x "
                     "its recent mean; the previous checkpoint stays the latest"]
 

@@ -16,14 +16,15 @@ from datetime import timedelta
 
 import pytest
 import torch.distributed as dist
+from support.processes import store_host
 
-from implicit_megatron.train.stall_watch import StallWatch
+from implicit_megatron.train.callbacks.stall import StallWatch
 
 RANK = """
 import os, sys
 from datetime import timedelta
 import torch.distributed as dist
-from implicit_megatron.train.stall_watch import StallWatch
+from implicit_megatron.train.callbacks.stall import StallWatch
 
 
 class Finalizing:
@@ -44,15 +45,6 @@ watch.done()
 print("done", flush=True)
 finalizing = Finalizing()
 """
-
-
-def store_host() -> tuple[subprocess.Popen, int]:
-    host = subprocess.Popen([sys.executable, "-c", "import sys, time, torch.distributed as d\n"
-                             "s = d.TCPStore('127.0.0.1', 0, is_master=True, wait_for_workers=False)\n"
-                             "print(s.port, flush=True); time.sleep(600)"],
-                            stdout=subprocess.PIPE, text=True)
-    assert host.stdout is not None
-    return host, int(host.stdout.readline())
 
 
 @pytest.mark.processes
