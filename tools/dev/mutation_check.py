@@ -153,7 +153,9 @@ BREAKS = [
     Break("stall-watch-counts-pauses", "implicit_megatron/train/callbacks/stall.py",
           "                fresh = now  # this process was stopped",
           "                tick = now  # this process was stopped",
-          ("tests/unit/train/callbacks/test_stall.py::test_a_paused_job_and_slow_steps_go_on_a_silent_rank_is_named",),
+          ("tests/unit/train/callbacks/test_stall.py::test_a_paused_job_and_slow_steps_go_on_a_silent_rank_is_named",
+           "tests/unit/train/callbacks/test_stall.py::test_a_paused_job_is_not_counted_even_while_its_store_host_is_"
+           "still_waking"),
           "a pause of the whole job (Ctrl-Z, a SLURM suspend) ends it as a stall"),
     Break("stall-watch-deaf", "implicit_megatron/train/callbacks/stall.py",
           "            if not watching or said != self.said:", "            if True:",

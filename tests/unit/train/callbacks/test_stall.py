@@ -80,6 +80,29 @@ def test_a_paused_job_and_slow_steps_go_on_a_silent_rank_is_named():
 
 
 @pytest.mark.processes
+def test_a_paused_job_is_not_counted_even_while_its_store_host_is_still_waking():
+    """A SLURM suspend of the whole job, the store's host (the launcher) included, resumed rank first:
+    for a moment the ranks run again, in the middle of a long step, while the store does not answer yet.
+    Each watch sees its own sleep overrun and counts afresh; counting the pause, it would name the store."""
+    host, port = store_host()
+    try:
+        ranks = start(2, port, step_seconds=60.0)  # no progress to be seen: only the pause can excuse
+        for pid in (host.pid, *(proc.pid for proc in ranks)):
+            os.kill(pid, signal.SIGSTOP)
+        time.sleep(6)  # 2.5 limits
+        for proc in ranks:
+            os.kill(proc.pid, signal.SIGCONT)
+        time.sleep(1.2)  # half a limit with the store's host still stopped
+        os.kill(host.pid, signal.SIGCONT)
+        time.sleep(3)
+        assert all(proc.poll() is None for proc in ranks), [p.stdout.read() for p in ranks if p.poll() is not None]
+    finally:
+        for proc in [host, *ranks]:
+            proc.kill()
+            proc.wait()
+
+
+@pytest.mark.processes
 def test_a_suspended_store_host_that_comes_back_ends_nothing():
     """The launcher that holds the store suspended (SIGSTOP) for 2.5 limits: the ranks' heartbeats wait,
     nobody is named, and once it answers again the watch goes on (a stopped rank is named again)."""
