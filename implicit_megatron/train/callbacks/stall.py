@@ -131,9 +131,10 @@ class StallWatch(Callback):
         if self.thread.is_alive() and self.connection is not None:
             os.write(2, f"[train] rank {self.rank}: the rendezvous store at {self.address} has not answered for "
                         f"{time.monotonic() - self.reached:.0f} s at the end of the run: the stall watch closes its "
-                        "connection (torch may warn of it)\n".encode())
-            _cut(self.connection)
-            self.thread.join(timeout=ANSWER_SECONDS)
+                        "connection\n".encode())
+            with _quiet_stderr():  # torch warns of the failed call with a C++ backtrace, 15 lines a rank
+                _cut(self.connection)
+                self.thread.join(timeout=ANSWER_SECONDS)
         self.judge.join(timeout=ANSWER_SECONDS)
 
     def _talk(self) -> None:
@@ -232,6 +233,19 @@ def _new_connection(before: dict[int, int], endpoint: tuple[str, int] | None) ->
             if isinstance(peer, tuple) and peer[1] == endpoint[1]:
                 found.append((fd, inode))
     return found[0] if len(found) == 1 else None
+
+
+@contextlib.contextmanager
+def _quiet_stderr():
+    """This process's standard error into nothing while it lasts (the end of a run: nothing else speaks)."""
+    saved, nothing = os.dup(2), os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(nothing, 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(nothing)
 
 
 def _cut(connection: tuple[int, int]) -> None:

@@ -73,6 +73,7 @@ def test_a_rank_that_ends_while_the_store_host_is_stopped_exits_0():
         _, err = rank.communicate(timeout=60)
         assert rank.returncode == 0 and "terminate called" not in err, (rank.returncode, err[-3000:])
         assert f"the rendezvous store at 127.0.0.1:{port} has not answered for " in err, err[-3000:]
+        assert "TCPStore.cpp" not in err and "frame #" not in err, err[-3000:]  # torch's warning of the cut: kept quiet
         client = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=10))
         assert client.get(said[1]) == b"finished"  # the rank before it stops watching this one
     finally:
