@@ -10,6 +10,7 @@ every command by SLURM_CONF. No cgroups, no accounting, no GPUs (no gres): a pla
 from __future__ import annotations
 
 import contextlib
+import datetime
 import os
 import re
 import shutil
@@ -150,10 +151,17 @@ class Slurm(contextlib.AbstractContextManager):
 
     def skip_requeue_delay(self, job: int, info: dict[str, str] | None = None) -> None:
         """A requeued job waits a while before it is eligible again (slurmctld lets its nodes clean up;
-        ours have nothing to clean): it starts now instead."""
+        ours have nothing to clean): it starts in 2 s instead. Not at once: slurmd refuses a job's
+        credential made in the second its last one was revoked (the requeue), and the batch job is
+        then killed as "Job credential revoked" and never comes back."""
         info = info or self.state(job)
-        if info.get("JobState") == "PENDING" and info.get("Reason") == "BeginTime":
-            self.run("scontrol", "update", f"JobId={job}", "StartTime=now", check=False)
+        if info.get("JobState") != "PENDING" or info.get("Reason") != "BeginTime":
+            return
+        with contextlib.suppress(ValueError):  # the start already moved (a poll a second ago) stays
+            if datetime.datetime.fromisoformat(info.get("StartTime", "")) < datetime.datetime.now() + \
+                    datetime.timedelta(seconds=3):
+                return
+        self.run("scontrol", "update", f"JobId={job}", "StartTime=now+2", check=False)
 
     def __exit__(self, *exc) -> None:
         for node, pid_file in reversed(self.daemons):
