@@ -14,6 +14,7 @@ training tasks, which `config` never imports. Errors name the file and key at fa
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 from pathlib import Path
@@ -146,15 +147,27 @@ def validate_tokenizer(cfg: Config, fail) -> None:
     path = Path(cfg.data.tokenizer)
     if not path.exists():
         fail("data.tokenizer", f"tokenizer not found: {path}{taken_from(path)}")
-    from data_pipeline.tokenizer import load_tokenizer
-
     try:
-        vocab = load_tokenizer(path).vocab_size
+        vocab = tokenizer_vocab_size(path)
     except (OSError, ValueError) as err:
         fail("data.tokenizer", f"cannot load tokenizer {path}: {err}")
     if cfg.model.vocab_size < vocab:
         fail("model.vocab_size", f"{cfg.model.vocab_size} is smaller than the vocabulary of "
                                  f"{path} ({vocab} tokens)")
+
+
+def tokenizer_vocab_size(path: Path) -> int:
+    """The vocabulary of the tokenizer file at `path`, read once per process while the file is the
+    same one (a curriculum checks each phase's config against the same tokenizer)."""
+    info = path.stat()
+    return _vocab_size(str(path.resolve()), (info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns))
+
+
+@functools.lru_cache(maxsize=8)
+def _vocab_size(path: str, file: tuple[int, int, int, int]) -> int:  # a load that raises is not kept
+    from data_pipeline.tokenizer import load_tokenizer
+
+    return load_tokenizer(Path(path)).vocab_size
 
 
 def validate_data(cfg: Config, fail) -> None:
