@@ -43,7 +43,6 @@ from dataclasses import dataclass
 import torch
 from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_flatten, tree_unflatten
 
 SYNCHRONISING = {"_local_scalar_dense", "nonzero", "equal", "is_nonzero", "masked_select", "unique",
                  "_unique2", "repeat_interleave", "bincount"}
@@ -78,9 +77,35 @@ class _Ref:
 @dataclass
 class _Op:
     func: object
-    spec: object
-    leaves: list  # _Ref for tensors, the value itself otherwise
+    args: tuple  # the arguments with a _Ref for each tensor (ATen's: tensors, lists of them, plain values)
+    kwargs: dict
     outputs: list[_Ref | None]  # where a replay writes each result (None: an alias of an input or not a tensor)
+
+
+def _with_refs(value, ref):
+    """`value` with each tensor in it (at any depth of lists and tuples) replaced by ref(tensor)."""
+    if isinstance(value, torch.Tensor):
+        return ref(value)
+    if type(value) in (list, tuple):
+        return type(value)(_with_refs(item, ref) for item in value)
+    return value
+
+
+def _tensors_at(value):
+    """The value of a recorded argument at replay: each _Ref a tensor over its memory again (a walk
+    of lists and tuples only, which is all an ATen signature holds: many times faster than a pytree)."""
+    if type(value) is _Ref:
+        return value.tensor()
+    if type(value) in (list, tuple):
+        return type(value)(_tensors_at(item) for item in value)
+    return value
+
+
+def _flat(value) -> list:
+    """An ATen result's items in order: a tensor, a tuple or list of them (at any depth), or a plain value."""
+    if type(value) in (list, tuple):
+        return [leaf for item in value for leaf in _flat(item)]
+    return [value]
 
 
 _state = {"capturing": None, "replaying": False}
@@ -101,19 +126,20 @@ class _Recorder(TorchDispatchMode):
         if name in HOST_COPIES:
             raise CaptureError(f"operation not permitted when stream is capturing ({func}): a copy from "
                                "pageable host memory inside a CUDA graph capture")
-        leaves, spec = tree_flatten((args, kwargs))
+        leaves = _flat(tuple(args)) + _flat(tuple(kwargs.values()))
         self.graph._protect_external_writes(func, args, kwargs)
         inputs = {t.untyped_storage().data_ptr() for t in leaves if isinstance(t, torch.Tensor)}
-        refs = [self.graph._ref(t) if isinstance(t, torch.Tensor) else t for t in leaves]
+        recorded = (_with_refs(tuple(args), self.graph._ref),
+                    {name: _with_refs(value, self.graph._ref) for name, value in kwargs.items()})
         result = func(*args, **kwargs)
         outputs = []
-        for out in tree_flatten(result)[0]:
+        for out in _flat(result):
             if not isinstance(out, torch.Tensor) or func.is_view or out.untyped_storage().data_ptr() in inputs:
                 outputs.append(None)  # a view or an in-place result: its memory is an input's
             else:
                 self.graph._own(out)
                 outputs.append(self.graph._ref(out))
-        self.graph.ops.append(_Op(func, spec, refs, outputs))
+        self.graph.ops.append(_Op(func, *recorded, outputs))
         return result
 
 
@@ -172,9 +198,8 @@ class EmulatedGraph:
     def _run(self) -> None:
         with torch.no_grad():
             for op in self.ops:
-                leaves = [leaf.tensor() if isinstance(leaf, _Ref) else leaf for leaf in op.leaves]
-                args, kwargs = tree_unflatten(leaves, op.spec)
-                results = tree_flatten(op.func(*args, **kwargs))[0]
+                kwargs = {name: _tensors_at(value) for name, value in op.kwargs.items()}
+                results = _flat(op.func(*_tensors_at(op.args), **kwargs))
                 for target, value in zip(op.outputs, results, strict=True):
                     if target is not None:
                         target.tensor().copy_(value)

@@ -33,7 +33,9 @@ def ift_gradient(core, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     with torch.no_grad():
         z = torch.zeros_like(x)
         for _ in range(500):
-            z = core.backbone(z, inj)
+            z, z_last = core.backbone(z, inj), z
+            if (z - z_last).norm() < 1e-14 * z.norm():
+                break
     z = z.detach().requires_grad_(True)
     f_z = core.backbone(z, inj)
     u = w.clone()
