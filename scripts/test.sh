@@ -11,7 +11,10 @@ export MLFLOW_DISABLE_TELEMETRY=true HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKE
 # them instead of compiling the package again, even where the environment asks for no caches.
 unset PYTHONDONTWRITEBYTECODE
 # Three workers (pytest-xdist) on 2 cores: many tests wait (on a stop, a timeout, a daemon, a node),
-# and with two workers the cores were idle a third of the time. Tests start longest first
-# (tests/conftest.py). `-n 0` runs them one at a time, `-n 8` on a bigger machine (each worker may
-# start 2 training processes).
-exec .venv/bin/python -m pytest -q --durations=30 -n 3 --dist worksteal "$@"
+# and with two workers the cores were idle a third of the time. The quick tier never waits: two
+# workers, one a core (a third only adds its start-up: 191 s against 201 s here). Tests start longest
+# first (tests/conftest.py). `-n 0` runs them one at a time, `-n 8` on a bigger machine (each worker
+# may start 2 training processes).
+workers=3
+for arg in "$@"; do [ "$arg" = --quick ] && workers=2; done
+exec .venv/bin/python -m pytest -q --durations=30 -n "$workers" --dist worksteal "$@"
