@@ -28,7 +28,7 @@ pytest_plugins = ["pytester"]  # tests/unit/test_tiers.py runs the tiers on a su
 # folders of tests/ whose every test starts processes
 STARTS_PROCESSES = ("distributed", "e2e", "integration", "multinode")
 # fixtures that start processes: a test using one (even through another) is marked
-PROCESS_FIXTURES = {"shakespeare_shards", "zero1_run", "llama_run", "zero3_run"}
+PROCESS_FIXTURES = {"zero1_run", "llama_run", "zero3_run"}
 
 
 def pytest_addoption(parser):
@@ -219,13 +219,15 @@ def shakespeare_shards(tmp_path_factory) -> str:
     """The bundled corpus tokenized with the tiny configs' 1000-token BPE: a shard prefix (train/valid/test),
     built once per test run; read-only (their sample-index caches are in the user's cache)."""
 
-    def preprocess(folder: Path) -> None:
-        subprocess.run([sys.executable, "-m", "data_pipeline.preprocess", "--input",
-                        "data/corpus/shakespeare.jsonl.zst", "--tokenizer",
-                        "data/tokenizers/shakespeare-bpe-1000.json.xz",
-                        "--output-prefix", str(folder / "bpe1000"), "--workers", "1", "--append-eod",
-                        "--valid-fraction", "0.05", "--test-fraction", "0.05"], cwd=ROOT, check=True,
-                       capture_output=True)
+    def preprocess(folder: Path) -> None:  # in this process (--workers 0): the same shards, no process started
+        from data_pipeline.preprocess import main
+
+        with contextlib.chdir(ROOT):
+            code = main(["--input", "data/corpus/shakespeare.jsonl.zst", "--tokenizer",
+                         "data/tokenizers/shakespeare-bpe-1000.json.xz", "--output-prefix", str(folder / "bpe1000"),
+                         "--workers", "0", "--append-eod", "--valid-fraction", "0.05", "--test-fraction", "0.05",
+                         "--quiet"])
+        assert code == 0, f"preprocessing the bundled corpus ended with {code}"
 
     return str(built_once(tmp_path_factory, "shards", preprocess) / "bpe1000")
 

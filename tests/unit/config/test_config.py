@@ -312,6 +312,7 @@ def test_missing_required_key_and_impossible_values():
     assert "phase 'free' gets no step of train.steps 2" in short.message
 
 
+@pytest.mark.processes  # preprocesses a corpus with another tokenizer
 def test_an_error_an_override_causes_names_the_command_line(shakespeare_shards, tmp_path):
     """A check over a key set in the YAML fails because of an override: the override is named, not the
     file, and the keys an unknown key's message lists are only those a config may set."""

@@ -24,6 +24,7 @@ class Request:
         self.args = args
 
 
+@pytest.mark.processes  # lm_eval's logger asks git for the commit
 def test_local_tasks_of_every_output_type_run_offline(loaded):
     options = LmEvalOptions(tasks=["tiny_lambada", "tiny_piqa", "tiny_rolling", "tiny_gen"], include_path=str(TASKS),
                             batch_size=4)
@@ -70,6 +71,7 @@ def test_generate_until_stops_at_the_stop_string(loaded):
     assert free.startswith(cut) and stop not in cut
 
 
+@pytest.mark.processes  # lm_eval's logger asks git for the commit
 def test_the_transformers_export_runs_as_lm_evals_hf_model(tiny_run):
     pytest.importorskip("accelerate", reason="lm-eval's hf model needs accelerate (the eval extra)")
     from implicit_megatron.evaluation.loading import load_model
@@ -113,6 +115,7 @@ def test_batches_of_three_score_and_generate_as_each_request_alone(loaded, mode)
     assert batched.generate_until(generation) == alone.generate_until(generation)
 
 
+@pytest.mark.processes  # lm_eval's logger asks git for the commit
 def test_local_tasks_in_sequential_mode_give_the_same_scores_at_batch_size_3_and_1(loaded):
     options = {"tasks": ["tiny_lambada", "tiny_gen"], "include_path": str(TASKS), "mode": "sequential"}
     three = run_lm_eval(loaded, LmEvalOptions(**options, batch_size=3))["tasks"]

@@ -39,6 +39,7 @@ def train(cfg, start: int, steps, value: float, status: str, phase: str = "bound
     tracker.finish(status)
 
 
+@pytest.mark.processes  # the run record asks git for the commit (git_state)
 def test_a_run_records_who_what_and_which_data(tmp_path, shakespeare_shards, capsys):
     cfg = config(tmp_path, shakespeare_shards)
     train(cfg, 0, range(1, 5), 10.0, "KILLED")
@@ -75,6 +76,7 @@ def test_a_servers_run_page_opens_the_training_view():
     assert run_page("databricks", "3", "abc") is None
 
 
+@pytest.mark.processes  # the run record asks git for the commit (git_state)
 def test_a_resume_keeps_the_name_and_sends_no_step_twice(tmp_path, shakespeare_shards, capsys):
     """Steps 1-4, killed; the resume from step 2 trains 3-5 again: MLflow holds each step once."""
     cfg = config(tmp_path, shakespeare_shards)
@@ -90,6 +92,7 @@ def test_a_resume_keeps_the_name_and_sends_no_step_twice(tmp_path, shakespeare_s
     assert run.data.tags["phase"] == "free"
 
 
+@pytest.mark.processes  # the run record asks git for the commit (git_state)
 def test_a_launch_from_step_0_after_a_dead_one_is_a_run_of_its_own(tmp_path, shakespeare_shards, capsys):
     """The dead launch (120 steps at batch 16, killed before its first checkpoint: its run left
     RUNNING) and the next (60 at 8, from step 0): two runs, each with its own params and steps."""
@@ -113,6 +116,7 @@ def test_a_launch_from_step_0_after_a_dead_one_is_a_run_of_its_own(tmp_path, sha
     assert old.info.status == "KILLED" and old.data.params["train.steps"] == "120"
 
 
+@pytest.mark.processes  # the run record asks git for the commit (git_state)
 def test_two_runs_of_one_config_get_two_names(tmp_path, shakespeare_shards):
     names = []
     for folder in ("a", "b"):
@@ -122,6 +126,7 @@ def test_two_runs_of_one_config_get_two_names(tmp_path, shakespeare_shards):
     assert names[0] != names[1]
 
 
+@pytest.mark.processes  # the run record asks git for the commit (git_state)
 def test_mlflows_environment_names_the_store_and_experiment_unless_the_config_does(tmp_path, shakespeare_shards,
                                                                                   monkeypatch):
     store = tmp_path / "elsewhere.db"
@@ -141,6 +146,7 @@ def test_mlflows_environment_names_the_store_and_experiment_unless_the_config_do
 
 
 @pytest.mark.parametrize("switch", ["config", "environment"])
+@pytest.mark.processes  # the run record asks git for the commit (git_state)
 def test_system_metrics_when_asked(tmp_path, shakespeare_shards, monkeypatch, switch):
     monkeypatch.setenv("MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL", "1")
     extra = ["tracking.system_metrics=true"] if switch == "config" else []
@@ -159,12 +165,14 @@ def test_system_metrics_when_asked(tmp_path, shakespeare_shards, monkeypatch, sw
     assert wanted <= set(run.data.metrics)
 
 
+@pytest.mark.processes  # the run record asks git for the commit (git_state)
 def test_no_system_metrics_unless_asked(tmp_path, shakespeare_shards, monkeypatch):
     monkeypatch.delenv("MLFLOW_ENABLE_SYSTEM_METRICS_LOGGING", raising=False)
     train(config(tmp_path, shakespeare_shards), 0, [1], 1.0, "FINISHED")
     assert not [k for k in the_run(tmp_path)[1].data.metrics if k.startswith("system/")]
 
 
+@pytest.mark.processes  # the run record asks git for the commit (git_state)
 def test_end_run_records_a_killed_launch_once(tmp_path, shakespeare_shards):
     """What the launch runs after a second Ctrl-C killed the ranks before they could record it: in
     the store of the config it launched (here none: the folder's own), never the one a config.yaml
@@ -187,6 +195,7 @@ def test_end_run_records_a_killed_launch_once(tmp_path, shakespeare_shards):
     assert again.returncode == 0 and "had ended already" in again.stderr
 
 
+@pytest.mark.processes  # the run record asks git for the commit (git_state)
 def test_a_rank_ends_the_run_in_its_own_store_never_where_the_folder_says(tmp_path, shakespeare_shards):
     """A rank whose launcher is gone records KILLED in the store it tracks into (passed by the launch),
     not the one a saved config from before names (a received folder could name a server of theirs);

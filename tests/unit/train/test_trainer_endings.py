@@ -34,6 +34,7 @@ def config(shards: str, out, *extra: str):
                         "train.micro_batch_size=2", "data.seq_len=32", "schedule.warmup_steps=1", *extra], world_size=1)
 
 
+@pytest.mark.processes  # the MLflow run record asks git for the commit
 def test_a_refused_resume_ends_the_stall_watch(one_rank, shakespeare_shards, tmp_path):
     loop.Trainer(config(shakespeare_shards, tmp_path)).fit()
     assert Recorded.made[-1].what == "finished"

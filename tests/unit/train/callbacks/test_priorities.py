@@ -57,6 +57,7 @@ def run(shards: str, out, capsys, shuffle: int | None) -> tuple[list[dict], list
     return rows, tags, said, order
 
 
+@pytest.mark.processes  # the MLflow run record asks git for the commit
 def test_callbacks_registered_shuffled_train_the_same_run(one_rank, shakespeare_shards, tmp_path, capsys):
     rows, tags, said, order = run(shakespeare_shards, tmp_path / "given", capsys, shuffle=None)
     again = run(shakespeare_shards, tmp_path / "shuffled", capsys, shuffle=7)

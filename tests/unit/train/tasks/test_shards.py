@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from data_pipeline.packed import split_tokens
 from implicit_megatron import load_config
 from implicit_megatron.train.tasks.language_model import LanguageModelTask
@@ -45,6 +47,7 @@ def test_the_trainer_prints_the_summary_and_warns_above_one_epoch(shakespeare_sh
     assert ["reads the training data" in record.getMessage() for record in caplog.records] == [True]
 
 
+@pytest.mark.processes  # runs python -m implicit_megatron.config
 def test_the_config_check_notes_a_plan_of_many_epochs_before_launch(shakespeare_shards):
     check = [sys.executable, "-m", "implicit_megatron.config", TINY, f"data.prefixes=[{shakespeare_shards}]",
              "data.source=null", "data.seq_len=2048"]
