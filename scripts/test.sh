@@ -3,7 +3,13 @@
 # runs pytest. Extra arguments go to pytest (e.g. -k config, -x).
 #   bash scripts/test.sh           everything, as CI runs it
 #   bash scripts/test.sh --quick   the edit loop's tier: no test that starts a process or trains for long
+#   bash scripts/test.sh --help    this, before any set-up
 set -euo pipefail
+if [ "${1:-}" = "-h" ] || [ "${1:-}" = "--help" ]; then  # the header above, without its comment marks
+  sed -n '2,/^set -euo pipefail/p' "$0" | sed -e '$d' -e 's/^# \{0,1\}//'
+  echo "pytest's own options: .venv/bin/python -m pytest --help (once a first run has set up .venv)"
+  exit 0
+fi
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh dev,eval
 export MLFLOW_DISABLE_TELEMETRY=true HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
