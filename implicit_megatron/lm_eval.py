@@ -10,12 +10,20 @@ padding masked, sequential mode available). Every other option is lm-eval's, unc
 
 from __future__ import annotations
 
-import implicit_megatron  # noqa: F401 - registers the config and model with transformers' Auto classes
-import implicit_megatron.evaluation.lm_adapter  # noqa: F401 - registers --model implicit_megatron
+import sys
+
+from implicit_megatron.utils.extras import missing
 
 
 def main() -> None:
+    problem = missing("lm_eval", "python -m implicit_megatron.lm_eval") or missing("transformers", "lm-eval's hf model")
+    if problem is not None:
+        print(f"lm_eval: error: {problem}", file=sys.stderr)
+        sys.exit(2)
     from lm_eval.__main__ import cli_evaluate
+
+    import implicit_megatron  # noqa: F401 - registers the config and model with transformers' Auto classes
+    import implicit_megatron.evaluation.lm_adapter  # noqa: F401 - registers --model implicit_megatron
 
     cli_evaluate()
 

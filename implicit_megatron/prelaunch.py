@@ -51,6 +51,12 @@ def check(cfg: Config, check_files: bool = True, check_data: bool = False) -> No
             fail("distributed.backend", "nccl needs GPUs, and none is visible; use auto or gloo")
     if check_files:
         validate_output(cfg, fail)
+    if check_files and cfg.tracking.wandb.project is not None:
+        from implicit_megatron.utils.extras import missing
+
+        problem = missing("wandb", "tracking.wandb.project (Weights & Biases)")
+        if problem is not None:
+            fail("tracking.wandb.project", problem)
     if check_files and cfg.task.kind == "language_model":
         validate_tokenizer(cfg, fail)
     if check_data and cfg.task.kind == "language_model":

@@ -102,6 +102,13 @@ def progress_bars():
 
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
+    if "lm_eval" in args.tasks:  # before a model is loaded
+        from implicit_megatron.utils.extras import missing
+
+        problem = missing("lm_eval", "--tasks lm_eval")
+        if problem is not None:
+            print(f"evaluate: {problem}", file=sys.stderr)
+            return 2
     from implicit_megatron.checkpoints import safe_load
     from implicit_megatron.evaluation.lm_eval_options import PAPER_TASKS, LmEvalOptions
     from implicit_megatron.evaluation.loading import NotAModelError

@@ -5,17 +5,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from implicit_megatron.utils.extras import require
 from implicit_megatron.utils.safe_write import replaced_files
 
 
 def pyplot():
-    """matplotlib's pyplot on its file-only backend (no display on clusters); without matplotlib an
-    ImportError that says how to install it."""
-    try:
-        import matplotlib
-    except ImportError:
-        raise ImportError("matplotlib is not installed; install the eval extra: bash scripts/setup.sh eval "
-                          "(or pip install -e .[eval])") from None
+    """matplotlib's pyplot on its file-only backend (no display on clusters); without matplotlib the
+    MissingExtra line that says how to install it."""
+    matplotlib = require("matplotlib", "drawing figures")
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
