@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 
 from data_pipeline.processes import process_running, start_ticks
-from implicit_megatron.utils.own_files import foreign_entry_inside
+from implicit_megatron.utils.own_files import foreign_entries_inside, tracker_link
 
 LOCK_FILE = "run.lock"
 
@@ -40,16 +40,21 @@ def _holder_text(holder: dict) -> str:
 def not_its_own(output_dir: str | Path) -> str | None:
     """Why the folder is not a run's own (None: it is): a link inside it (a file or `checkpoints/` of
     a folder copied from elsewhere) would make the run write through it, into another run's
-    checkpoints or a file outside, where this lock protects nothing."""
-    found = foreign_entry_inside(Path(output_dir), hard_links=True)
-    if found is None:
+    checkpoints or a file outside, where this lock protects nothing. Every such entry is named at
+    once; the links W&B makes in the run's wandb/ folder are the run's own (own_files.tracker_link)."""
+    folder = Path(output_dir)
+    found = foreign_entries_inside(folder, hard_links=True, accepted=tracker_link(folder))
+    if not found:
         return None
-    if "is hard-linked" in found:
-        return (f"{found}: a run folder holds its own files only, and this run would write through it; copy the "
-                "run folder with cp -a (not -l) to train on from another run's files")
-    return (f"{found}: a run folder holds its own files only, and this run would write through it; replace it "
-            "with the file or folder it points to (to keep a run on another disk, link the whole run folder, "
-            "train.output_dir, instead)")
+    links = [entry for entry in found if "is hard-linked" not in entry]
+    advice = []
+    if links:
+        advice.append("replace each link with the file or folder it points to (to keep a run on another disk, link "
+                      "the whole run folder, train.output_dir, instead)")
+    if len(links) < len(found):
+        advice.append("copy the run folder with cp -a (not -l) to train on from another run's files")
+    return (f"{'; '.join(found)}: a run folder holds its own files only, and this run would write through "
+            f"{'it' if len(found) == 1 else 'them'}; {'; '.join(advice)}")
 
 
 def in_use(output_dir: str | Path) -> str | None:

@@ -13,6 +13,7 @@ from support.processes import ROOT, on_a_small_tmpfs
 from implicit_megatron import load_config
 from implicit_megatron.tracking import tracker as tracker_module
 from implicit_megatron.tracking.tracker import STORE, Tracker
+from implicit_megatron.train.process.run_lock import RunLock, not_its_own
 
 
 def config(out):
@@ -167,6 +168,19 @@ def test_weights_and_biases_offline_writes_a_run_that_a_resume_continues(tmp_pat
     run_id = (tmp_path / "wandb_run_id").read_text().strip()
     runs = sorted((tmp_path / "wandb").glob(f"offline-run-*-{run_id}"))
     assert len(runs) == 2 and all((r / f"run-{run_id}.wandb").is_file() for r in runs)  # one run, resumed
+    # the client's own links (latest-run, debug.log, ...) leave the folder a run's own: a launch takes it
+    assert [p for p in (tmp_path / "wandb").rglob("*") if p.is_symlink()], "W&B made no link: nothing tested"
+    assert not_its_own(tmp_path) is None
+    RunLock.acquire(tmp_path).release()
+    # any other link is refused, every one named in the same line, W&B's folder included
+    (tmp_path / "notes.txt").symlink_to("/etc/hostname")
+    (tmp_path / "wandb" / "latest-run").unlink()
+    (tmp_path / "wandb" / "latest-run").symlink_to(tmp_path.parent)
+    said = not_its_own(tmp_path)
+    assert said is not None and "\n" not in said
+    assert f"{tmp_path / 'notes.txt'} is a symbolic link (to /etc/hostname)" in said
+    assert f"{tmp_path / 'wandb' / 'latest-run'} is a symbolic link (to {tmp_path.parent})" in said
+    assert said.count("is a symbolic link") == 2
 
 
 @pytest.mark.processes
