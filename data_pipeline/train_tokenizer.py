@@ -7,13 +7,18 @@
 
 - byte-bpe: byte-level BPE with HF `tokenizers` (the GPT-2/GPT-NeoX design: any text encodes
   without unknown tokens); written as tokenizer.json.
-- sp-unigram / sp-bpe: sentencepiece with byte fallback; written as .model (+ .vocab).
+- sp-unigram / sp-bpe: sentencepiece with byte fallback; written as .model (+ .vocab). Text is kept
+  as written: no normalization (sentencepiece's default NFKC folds characters and its default
+  whitespace rule squeezes runs of spaces and drops newlines), spaces and indentation kept (runs of
+  them may become pieces), a newline its own piece; every text decodes back to itself.
 
 Special tokens: `<|endoftext|>` (id 0, the document separator that preprocessing appends, as in
 GPT-NeoX) and `<|padding|>` for byte-bpe; sentencepiece gets `<unk>` = 0 and `<|endoftext|>`
 as its end-of-sentence piece = 1.  Both outputs load with `data_pipeline.tokenizer.load_tokenizer`.
 Inputs are read like preprocessing inputs (JSON lines, parquet, save_to_disk folders) plus plain
-`.txt` files (one document per file); records that preprocessing would skip are skipped.
+`.txt` files (one document per file); records that preprocessing would skip are skipped. Of a
+DatasetDict, only the splits `--splits` names are read (train by default: a tokenizer that saw the
+validation and test text would flatter them); the splits read and left out are said.
 """
 
 from __future__ import annotations
@@ -58,18 +63,28 @@ def resolve_training_inputs(patterns: list[str]) -> tuple[list[str], list[InputS
     return paths, resolve_inputs(others) if others else []
 
 
-def iter_texts(patterns: list[str], text_key: str = "text", limit_docs: int | None = None) -> Iterator[str]:
-    """Documents of the inputs, in order; records that preprocessing would skip are skipped."""
+def iter_texts(patterns: list[str], text_key: str = "text", limit_docs: int | None = None,
+               splits: tuple[str, ...] = ("train",)) -> Iterator[str]:
+    """Documents of the inputs, in order; records that preprocessing would skip are skipped, and a
+    DatasetDict's records of a split not in `splits` (ours: train, valid, test) too."""
     text_files, specs = resolve_training_inputs(patterns)
     documents = chain((Path(p).read_text(encoding="utf-8", errors="replace") for p in text_files),
-                      (text for spec in specs for text in _records(spec, text_key)))
+                      (text for spec in specs for text in _records(spec, text_key, splits)))
     yield from islice(documents, limit_docs)
 
 
-def _records(spec: InputSpec, text_key: str) -> Iterator[str]:
+def _records(spec: InputSpec, text_key: str, splits: tuple[str, ...]) -> Iterator[str]:
+    said: set[str] = set()
     for batch in read_batches(spec, text_key):
         if isinstance(batch, Unreadable):
             print(f"warning: skipping the rest of {batch.location}: {batch.message}", file=sys.stderr)
+            continue
+        if batch.split is not None and batch.source not in said:
+            said.add(batch.source)
+            taken = batch.split in splits
+            print(f"{batch.source}: {'read' if taken else 'left out'} (split {batch.split}; --splits "
+                  f"{','.join(splits)})", file=sys.stderr)
+        if batch.split is not None and batch.split not in splits:
             continue
         for item in batch.records():
             text, _ = decode_record(item, batch.kind == "chunk", text_key)
@@ -105,17 +120,28 @@ def train_byte_bpe(texts: Iterator[str], vocab_size: int, output: str) -> str:
     return str(path)
 
 
+def document_lines(text: str) -> Iterator[str]:
+    """A document as sentencepiece's sentences (it caps their length): its lines, each with its newline."""
+    lines = text.split("\n")
+    yield from (line + "\n" for line in lines[:-1])
+    if lines[-1]:
+        yield lines[-1]
+
+
 def train_sentencepiece(texts: Iterator[str], vocab_size: int, output: str, model_type: str) -> str:
-    """sentencepiece trains on sentences: documents are fed line by line (it caps sentence length)."""
+    """sentencepiece trains on sentences: documents are fed line by line, newlines kept."""
     import sentencepiece as spm
 
     prefix = os.path.join(output, "tokenizer") if os.path.isdir(output) else output.removesuffix(".model")
-    lines = (line for text in texts for line in text.split("\n") if line.strip())
+    lines = (line for text in texts for line in document_lines(text))
     with published([Path(prefix + ".model"), Path(prefix + ".vocab")]) as (model, _):
         spm.SentencePieceTrainer.train(
             sentence_iterator=lines, model_prefix=str(model.with_suffix("")), vocab_size=vocab_size,
             model_type=model_type, character_coverage=0.9995, byte_fallback=True, hard_vocab_limit=False,
             unk_id=0, eos_id=1, bos_id=-1, pad_id=-1, eos_piece=EOD,
+            # the text as written: no NFKC, spaces and indentation kept, a newline one piece of its own
+            normalization_rule_name="identity", remove_extra_whitespaces=False, allow_whitespace_only_pieces=True,
+            user_defined_symbols=["\n"],
             input_sentence_size=5_000_000, shuffle_input_sentence=True,
             num_threads=os.cpu_count() or 1, minloglevel=2)
         try:  # sentencepiece says nothing when its write fails: a cut model is found by reading it back
@@ -152,7 +178,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--vocab-size", type=int, required=True)
     parser.add_argument("--output", required=True, help="tokenizer.json (byte-bpe) or NAME.model (sp-*)")
     parser.add_argument("--limit-docs", type=int, default=None)
+    parser.add_argument("--splits", default="train", metavar="S1,S2",
+                        help="the splits of a DatasetDict to read (train, valid, test; default train)")
     args = parser.parse_args(argv)
+    splits = tuple(name.strip() for name in args.splits.split(",") if name.strip())
+    unknown = [name for name in splits if name not in ("train", "valid", "test")]
+    if unknown or not splits:
+        print(f"train_tokenizer: error: --splits: {', '.join(unknown) or 'none given'}; the splits are train, valid "
+              "and test", file=sys.stderr)
+        return 2
     if args.vocab_size < 300:
         print("train_tokenizer: error: --vocab-size must be at least 300 (256 bytes + merges)", file=sys.stderr)
         return 2
@@ -162,7 +196,7 @@ def main(argv: list[str] | None = None) -> int:
     except (InputError, OSError) as err:
         print(f"train_tokenizer: error: {err}", file=sys.stderr)
         return 2
-    texts = iter_texts(args.input, args.text_key, args.limit_docs)
+    texts = iter_texts(args.input, args.text_key, args.limit_docs, splits)
     first = next(texts, None)
     if first is None:  # a tokenizer trained on nothing would be bytes alone, or sentencepiece's traceback
         print(f"train_tokenizer: error: {no_text(args.input, args.text_key)}; nothing was written", file=sys.stderr)

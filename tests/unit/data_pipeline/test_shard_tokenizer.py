@@ -147,7 +147,7 @@ def sentencepiece_model(path: Path, model_type: str = "unigram") -> Path:
     from data_pipeline.train_tokenizer import train_sentencepiece
 
     texts = [f"ROMEO: line {i}, but soft what light through yonder window breaks. JULIET: O Romeo" for i in range(300)]
-    return Path(train_sentencepiece(iter(texts), 300, str(path), model_type))
+    return Path(train_sentencepiece(iter(texts), 320, str(path), model_type))
 
 
 def edited(model: Path, path: Path, edit) -> Path:
