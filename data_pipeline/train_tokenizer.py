@@ -27,6 +27,7 @@ import argparse
 import contextlib
 import glob
 import os
+import re
 import sys
 from collections.abc import Iterator
 from itertools import chain, islice
@@ -134,7 +135,7 @@ def train_sentencepiece(texts: Iterator[str], vocab_size: int, output: str, mode
 
     prefix = os.path.join(output, "tokenizer") if os.path.isdir(output) else output.removesuffix(".model")
     lines = (line for text in texts for line in document_lines(text))
-    with published([Path(prefix + ".model"), Path(prefix + ".vocab")]) as (model, _):
+    with published([Path(prefix + ".model"), Path(prefix + ".vocab")]) as (model, _), too_small(vocab_size):
         spm.SentencePieceTrainer.train(
             sentence_iterator=lines, model_prefix=str(model.with_suffix("")), vocab_size=vocab_size,
             model_type=model_type, character_coverage=0.9995, byte_fallback=True, hard_vocab_limit=False,
@@ -151,6 +152,25 @@ def train_sentencepiece(texts: Iterator[str], vocab_size: int, output: str, mode
     return prefix + ".model"
 
 
+class VocabularyTooSmall(ValueError):
+    """--vocab-size below what sentencepiece needs for the training text's characters."""
+
+
+@contextlib.contextmanager
+def too_small(vocab_size: int):
+    """sentencepiece's refusal of a vocabulary smaller than its byte pieces, special pieces and every
+    character of the text, as one line naming --vocab-size and the size it needs."""
+    try:
+        yield
+    except RuntimeError as err:
+        needed = re.search(r"Vocabulary size is smaller than required_chars\. \d+ vs (\d+)", str(err))
+        if needed is None:
+            raise
+        raise VocabularyTooSmall(f"--vocab-size {vocab_size}: sentencepiece needs at least {needed[1]} for this text "
+                                 "(256 byte pieces, the special pieces and each character it holds); nothing was "
+                                 "written") from None
+
+
 class NotWritten(RuntimeError):
     """The tokenizer could not be written whole; the message names the file, the cause and what is left."""
 
@@ -163,6 +183,8 @@ def published(paths: list[Path]):
     try:
         with replaced_files(paths) as partials:
             yield partials
+    except VocabularyTooSmall:  # the settings', not the write's: said as they are
+        raise
     except Exception as err:  # noqa: BLE001 - the writers' errors (Rust, C++) share no type; each is named here
         kept = [str(p) for p in paths if p.exists()]
         raise NotWritten(f"{paths[0]}: not written ({first_line(err)}); " + (
@@ -210,6 +232,9 @@ def main(argv: list[str] | None = None) -> int:
     except NotWritten as err:
         print(f"train_tokenizer: error: {err}", file=sys.stderr)
         return 1
+    except VocabularyTooSmall as err:
+        print(f"train_tokenizer: error: {err}", file=sys.stderr)
+        return 2
     from data_pipeline.tokenizer import load_tokenizer
 
     tokenizer = load_tokenizer(path)

@@ -75,3 +75,15 @@ def test_a_datasetdict_gives_its_train_split_unless_told_otherwise(tmp_path, cap
     assert main(["--input", str(folder), "--model", "sp-bpe", "--vocab-size", "300", "--output",
                  str(tmp_path / "x.model"), "--splits", "training"]) == 2
     assert "--splits: training; the splits are train, valid and test" in capsys.readouterr().err
+
+
+def test_a_vocabulary_too_small_for_the_characters_is_one_line_naming_the_size_needed(tmp_path, capsys):
+    corpus = tmp_path / "play.jsonl"
+    corpus.write_text("".join(json.dumps({"text": f"ROMEO: line {i}, but soft what light through yonder window "
+                                                   "breaks.\nJULIET: O Romeo"}) + "\n" for i in range(300)))
+    output = tmp_path / "small.model"
+    assert main(["--input", str(corpus), "--model", "sp-unigram", "--vocab-size", "300", "--output", str(output)]) == 2
+    said = capsys.readouterr().err
+    assert said.startswith("train_tokenizer: error: --vocab-size 300: sentencepiece needs at least 30") and \
+        said.endswith("nothing was written\n") and said.count("\n") == 1, said
+    assert not list(tmp_path.glob("small.*"))

@@ -28,9 +28,9 @@ def sp_export(tmp_path_factory) -> Path:
 
     out = tmp_path_factory.mktemp("sp-model")
     texts = [f"ROMEO: line {i}, but soft what light through yonder window breaks. JULIET: O Romeo" for i in range(300)]
-    tokenizer = train_sentencepiece(iter(texts), 300, str(out / "sp.model"), "unigram")
+    tokenizer = train_sentencepiece(iter(texts), 320, str(out / "sp.model"), "unigram")
     cfg = load_config(ROOT / "configs/tiny/mamba2-implicit.yaml", ["model.d_model=32", f"data.tokenizer={tokenizer}",
-                      "model.vocab_size=300", "model.mamba2.headdim=8"], check_files=False)
+                      "model.vocab_size=320", "model.mamba2.headdim=8"], check_files=False)
     torch.manual_seed(0)
     return write_folder(out / "export", build_model(cfg).eval(), cfg, torch.float32, tokenizer=tokenizer)
 
@@ -76,7 +76,7 @@ def test_tools_generate_prints_each_prompt_as_the_tokenizer_decodes_the_whole_se
     boundary = processor.piece_to_id("\u2581")
     prompt = "JULIET: O Romeo"
     cfg = load_config(ROOT / "configs/tiny/mamba2-implicit.yaml", [
-        "model.d_model=32", f"data.tokenizer={sp_export.parent / 'sp.model'}", "model.vocab_size=300",
+        "model.d_model=32", f"data.tokenizer={sp_export.parent / 'sp.model'}", "model.vocab_size=320",
         "model.mamba2.headdim=8", "model.tie_embeddings=false"], check_files=False)
     torch.manual_seed(0)
     model = build_model(cfg).eval()
