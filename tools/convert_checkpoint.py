@@ -7,12 +7,17 @@
 `export` writes model.safetensors + config.json + the tokenizer file, a folder that
 `implicit_megatron.from_pretrained(OUT_DIR)` and, after `import implicit_megatron`, transformers'
 AutoModelForCausalLM load. CKPT_DIR is a run's `checkpoints/` folder. The tokenizer copied is the
-config's data.tokenizer where it lies in this repository, the working directory or the run folder;
-one elsewhere (a received config may name a private file) only when --tokenizer names it.
+config's data.tokenizer where it lies in this repository's data/ or the run folder; one elsewhere
+(the working directory included: a received config may name a private file) only when --tokenizer
+names it.
 `import` reads an explicit Mamba2 (transformers or mamba_ssm) or Llama (transformers) folder and
 writes the same kind of folder; with an implicit --base-config the injection starts fresh. It also
 reads the models released with the paper (implicit, "(4+1) pretrain" and explicit; model_type
 implicit_llama3 / implicit_mamba2), weight norm, solver settings and evaluation rule included.
+The tokenizer it publishes is the model's own: --tokenizer, else the source folder's
+tokenizer.json or tokenizer.model, else --base-config's data.tokenizer, else the one the source's
+config.json names where this repository ships it (the released models: GPT-NeoX-20B). A source
+naming none is refused, and so is a tokenizer with ids past the model's vocabulary.
 `export --format released` writes a folder the released code loads.
 `universal` converts one checkpoint (ZeRO 1-3, or bf16) to a DeepSpeed universal checkpoint in
 CKPT_DIR/TAG/universal. Training does this by itself when it starts at another world size or ZeRO
@@ -48,10 +53,13 @@ def main(argv: list[str] | None = None) -> int:
     uni.add_argument("ckpt_dir", help="a run folder, its checkpoints/ folder or one tag folder")
     uni.add_argument("--tag", default=None, help="checkpoint tag (default: the one 'latest' names)")
     uni.add_argument("--workers", type=int, default=4, help="processes that extract the ZeRO shards")
-    for sub in (exp, imp):
-        sub.add_argument("--tokenizer", default=None,
-                         help="the tokenizer file to copy into the folder (default: the config's data.tokenizer, "
-                              "where it lies in this repository, the working directory or the run folder)")
+    exp.add_argument("--tokenizer", default=None,
+                     help="the tokenizer file to copy into the folder (default: the config's data.tokenizer, "
+                          "where it lies in this repository's data/ or the run folder)")
+    imp.add_argument("--tokenizer", default=None,
+                     help="the tokenizer the model was trained with (default: the source folder's tokenizer.json "
+                          "or tokenizer.model, else --base-config's data.tokenizer, else the one the source's "
+                          "config.json names where this repository ships it)")
     for sub in (exp, imp, uni):
         sub.add_argument("--trust-checkpoint", action="store_true",
                          help="load checkpoint files whose pickles need more than tensors (their code runs)")

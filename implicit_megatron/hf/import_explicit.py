@@ -16,6 +16,7 @@ import torch
 from implicit_megatron.builder import build_model
 from implicit_megatron.config import Config, read_config
 from implicit_megatron.hf.export import write_folder
+from implicit_megatron.hf.import_tokenizer import matching_tokenizer
 from implicit_megatron.models.registry import SPECS
 from implicit_megatron.utils.json_config import read_json_config
 
@@ -90,4 +91,5 @@ def import_explicit(src: str | Path, out_dir: str | Path, base_config: str | Pat
     if missing:
         raise ValueError(f"{src}: tensors missing for {missing[:5]}")
     model.load_state_dict({**expected, **state}, strict=True)
-    return write_folder(out, model, cfg, torch.float32, tokenizer)
+    chosen = matching_tokenizer(src, hf, cfg, tokenizer, base_config)
+    return write_folder(out, model, cfg, torch.float32, chosen)

@@ -23,6 +23,7 @@ from implicit_megatron.builder import build_model
 from implicit_megatron.config import Config, read_config
 from implicit_megatron.hf.export import write_folder
 from implicit_megatron.hf.import_explicit import DEFAULT_BASE, read_source, source_name
+from implicit_megatron.hf.import_tokenizer import matching_tokenizer
 from implicit_megatron.models.registry import SPECS, spec_of
 from implicit_megatron.utils.whole_folder import written_whole
 
@@ -170,7 +171,8 @@ def import_released(src: str | Path, out_dir: str | Path, base_config: str | Pat
         raise ValueError(f"{src}: no tensor for {missing[0]!r}" + (f" and {len(missing) - 1} more" if
                                                                     len(missing) > 1 else ""))
     model.load_state_dict(state, strict=True)
-    return write_folder(out, model, cfg, dtype, tokenizer)
+    chosen = matching_tokenizer(src, hf, cfg, tokenizer, base_config)
+    return write_folder(out, model, cfg, dtype, chosen)
 
 
 # --------------------------------------------------------------------------- export

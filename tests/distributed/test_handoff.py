@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from support.processes import run_alone, run_torchrun
+from support.processes import ROOT, run_alone, run_torchrun
 from support.reference_runs import ZERO1_RUN, losses
 
 from implicit_megatron import load_config
@@ -104,7 +104,8 @@ def test_training_starts_from_an_imported_explicit_model(shakespeare_shards, tmp
     torch.manual_seed(0)
     LlamaForCausalLM(LlamaConfig(vocab_size=1000, hidden_size=64, intermediate_size=192, num_hidden_layers=2,
                                  num_attention_heads=4, tie_word_embeddings=True)).save_pretrained(tmp_path / "hf")
-    import_explicit(tmp_path / "hf", tmp_path / "imported")  # an explicit folder: no injection module in it
+    import_explicit(tmp_path / "hf", tmp_path / "imported",  # an explicit folder: no injection module in it
+                    tokenizer=ROOT / "data/tokenizers/shakespeare-bpe-1000.json.xz")
     result = run_alone(PROBE, tmp_path / "probe", "configs/tiny/llama-implicit.yaml",
                        *args(shakespeare_shards, tmp_path / "run", f"checkpoint.load={tmp_path / 'imported'}"))
     assert result.returncode == 0, result.stdout[-4000:]

@@ -15,10 +15,15 @@ TASKS = "tests/unit/evaluation/fixtures/lm_eval"
 
 @pytest.fixture(scope="module")
 def imported(tmp_path_factory):
-    """The released Llama fixture (64 tokens) as our model folder: a model in seconds, no training."""
+    """The released Llama fixture (64 tokens) as our model folder, with a tokenizer of its size: a model in
+    seconds, no training."""
+    from support.word_tokenizer import write_word_tokenizer
+
     out = tmp_path_factory.getbasetemp() / "imported-released-llama"
+    words = write_word_tokenizer(tmp_path_factory.getbasetemp() / "words-64" / "tokenizer.json", 64)
     made = subprocess.run([sys.executable, "tools/convert_checkpoint.py", "import", "tests/fixtures/released/llama",
-                           str(out)], cwd=ROOT, capture_output=True, text=True, timeout=240, env=child_env())
+                           str(out), "--tokenizer", str(words)], cwd=ROOT, capture_output=True, text=True,
+                          timeout=240, env=child_env())
     assert made.returncode == 0, made.stderr[-3000:]
     return out
 
@@ -123,24 +128,19 @@ def test_a_missing_data_prefix_is_refused(tiny_run, tmp_path):
 
 def test_data_beyond_the_models_vocabulary_is_refused_naming_both(shakespeare_shards, imported, tmp_path):
     """The released fixture (64 tokens), imported with a tokenizer of its size, then evaluated on shards
-    of a 1000-token BPE (another tokenizer, allowed: the token ids are what is refused). Its own
-    tokenizer (GPT-NeoX's, 50,277 ids) is refused at load: ids past the model's vocabulary."""
+    of a 1000-token BPE (another tokenizer, allowed: the token ids are what is refused). A folder whose
+    tokenizer was swapped for GPT-NeoX's (50,277 ids) is refused at load: ids past the model's vocabulary."""
+    import lzma
     import shutil
 
-    from tokenizers import Tokenizer
-    from tokenizers.models import WordLevel
-    from tokenizers.pre_tokenizers import Whitespace
-
-    refused = tool("evaluate", imported, "--data", shakespeare_shards, "--tasks", "ppl", "--seq-lens", "16",
+    swapped = Path(shutil.copytree(imported, tmp_path / "swapped"))
+    (swapped / "tokenizer.json").write_bytes(lzma.decompress((ROOT / "data/tokenizers/gpt-neox-20b.json.xz")
+                                                             .read_bytes()))
+    refused = tool("evaluate", swapped, "--data", shakespeare_shards, "--tasks", "ppl", "--seq-lens", "16",
                    "--max-windows", "4", "--allow-tokenizer-mismatch")
     assert refused.returncode == 2 and refused.stderr == (
-        f"evaluate: {imported / 'tokenizer.json'}: token ids up to 50276, past the model's vocabulary of 64 "
+        f"evaluate: {swapped / 'tokenizer.json'}: token ids up to 50276, past the model's vocabulary of 64 "
         "(model.vocab_size): not this model's tokenizer, or a damaged one\n")
-    folder = Path(shutil.copytree(imported, tmp_path / "imported"))
-    words = Tokenizer(WordLevel({"<|endoftext|>": 0, "<unk>": 1, **{f"w{i}": i for i in range(2, 64)}}, "<unk>"))
-    words.pre_tokenizer = Whitespace()
-    words.save(str(folder / "tokenizer.json"))
-    imported = folder
     assert json.loads((imported / "config.json").read_text())["implicit_megatron"]["name"] == "llama"
     result = tool("evaluate", imported, "--data", shakespeare_shards, "--tasks", "ppl", "--seq-lens", "16",
                   "--max-windows", "4", "--allow-tokenizer-mismatch")

@@ -13,6 +13,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file
+from support.word_tokenizer import write_word_tokenizer
 
 from implicit_megatron import from_pretrained
 from implicit_megatron.hf.released import _our_name, import_released
@@ -26,7 +27,14 @@ ARCHS = ["llama", "mamba2"]
 @pytest.fixture(scope="module")
 def imported(tmp_path_factory) -> dict[str, Path]:
     out = tmp_path_factory.mktemp("imported")
-    return {arch: import_released(FIXTURES / arch, out / arch) for arch in ARCHS}
+    return {arch: import_released(FIXTURES / arch, out / arch, tokenizer=words(out, arch)) for arch in ARCHS}
+
+
+def words(folder: Path, arch: str) -> Path:
+    """A tokenizer of a fixture's vocabulary (Llama 64 tokens, Mamba2 60 in 64 rows); the released config
+    names GPT-NeoX's, of 50,277."""
+    size = 64 if arch == "llama" else 60
+    return write_word_tokenizer(folder / f"words-{size}" / "tokenizer.json", size)
 
 
 def reference(arch: str):
@@ -101,8 +109,9 @@ def convert(*args) -> subprocess.CompletedProcess:
 @pytest.mark.parametrize("arch", ARCHS)
 def test_export_released_then_import_is_bit_exact(arch, tmp_path):
     ours, released, again = tmp_path / "ours", tmp_path / "released", tmp_path / "again"
-    for command in (("import", FIXTURES / arch, ours), ("export", ours, released, "--format", "released"),
-                    ("import", released, again)):
+    tokenizer = ("--tokenizer", words(tmp_path, arch))
+    for command in (("import", FIXTURES / arch, ours, *tokenizer), ("export", ours, released, "--format", "released"),
+                    ("import", released, again, *tokenizer)):
         result = convert(*command)
         assert result.returncode == 0, result.stderr[-3000:]
     original = torch.load(FIXTURES / arch / "pytorch_model.bin", weights_only=True)
@@ -160,13 +169,9 @@ def test_a_received_base_config_naming_a_tokenizer_elsewhere_publishes_it_only_w
     """A --base-config (or a checkpoint's config) from someone else may name a private tokenizer
     outside this repository, the working directory and the run: import and export copy it into the
     folder only when --tokenizer names it, and say where the copy came from."""
-    import shutil
-
     from support.tools import load_tool
 
-    private = tmp_path / "private" / "tokenizer.json.xz"
-    private.parent.mkdir()
-    shutil.copy(ROOT / "data/tokenizers/gpt-neox-20b.json.xz", private)
+    private = write_word_tokenizer(tmp_path / "private" / "tokenizer.json.xz", 64)
     received = tmp_path / "received.yaml"
     received.write_text(f"base: {ROOT / 'configs/tiny/llama-implicit.yaml'}\ndata: {{tokenizer: {private}}}\n")
     convert = load_tool("convert_checkpoint").main
@@ -183,13 +188,11 @@ def test_a_received_base_config_naming_a_tokenizer_elsewhere_publishes_it_only_w
 def test_a_tokenizer_in_the_working_directory_is_published_only_when_named(tmp_path, capsys, monkeypatch):
     """Run from a home folder (or /), a received config naming a file there would have it copied into
     the export: only the run folder and the repository's data/ are taken without --tokenizer."""
-    import shutil
-
     from support.tools import load_tool
 
     home = tmp_path / "home"
     home.mkdir()
-    shutil.copy(ROOT / "data/tokenizers/gpt-neox-20b.json.xz", home / "private.json.xz")
+    write_word_tokenizer(home / "private.json.xz", 64)
     received = home / "received.yaml"
     received.write_text(f"base: {ROOT / 'configs/tiny/llama-implicit.yaml'}\ndata: {{tokenizer: private.json.xz}}\n")
     monkeypatch.chdir(home)

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from support.word_tokenizer import write_word_tokenizer
 from transformers import LlamaConfig, LlamaForCausalLM, Mamba2Config, Mamba2ForCausalLM
 
 from implicit_megatron import from_pretrained
@@ -30,10 +31,16 @@ def random_reference(arch: str):
     return model.eval()
 
 
+def save_with_tokenizer(model, folder: Path) -> None:
+    """The folder as transformers' save_pretrained and a tokenizer's save_pretrained leave it."""
+    model.save_pretrained(folder)
+    write_word_tokenizer(folder / "tokenizer.json", 128)
+
+
 @pytest.mark.parametrize("arch", ["mamba2", "llama"])
 def test_imported_model_gives_the_reference_logits(arch, tmp_path):
     ref = random_reference(arch)
-    ref.save_pretrained(tmp_path / "src")
+    save_with_tokenizer(ref, tmp_path / "src")
     import_explicit(tmp_path / "src", tmp_path / "ours")
     ours = from_pretrained(tmp_path / "ours")
     ids = torch.randint(0, 128, (2, 21))
@@ -44,7 +51,7 @@ def test_imported_model_gives_the_reference_logits(arch, tmp_path):
 
 def test_import_into_an_implicit_config_keeps_a_fresh_injection(tmp_path):
     ref = random_reference("mamba2")
-    ref.save_pretrained(tmp_path / "src")
+    save_with_tokenizer(ref, tmp_path / "src")
     import_explicit(tmp_path / "src", tmp_path / "ours", ROOT / "configs/tiny/mamba2-implicit.yaml")
     ours = from_pretrained(tmp_path / "ours")
     assert ours.core.implicit and ours.core.injection is not None
@@ -64,7 +71,7 @@ def test_import_into_an_implicit_config_keeps_a_fresh_injection(tmp_path):
 
 def test_shape_mismatch_names_the_tensor(tmp_path):
     ref = random_reference("llama")
-    ref.save_pretrained(tmp_path / "src")
+    save_with_tokenizer(ref, tmp_path / "src")
     config = (tmp_path / "src" / "config.json")
     config.write_text(config.read_text().replace('"intermediate_size": 96', '"intermediate_size": 128'))
     with pytest.raises(ValueError, match=r"tensor 'core\.backbone\.layers\.0\.mlp\.\w+_proj\.weight' has shape"):
