@@ -2,8 +2,10 @@
 # Idempotent set-up of .venv for this checkout.
 #   bash scripts/setup.sh [EXTRAS]       e.g. EXTRAS=dev or dev,eval (the extras of pyproject.toml)
 # Where a torch build is already importable (cluster images, ROCm builds) the venv
-# sees the system packages and reuses it; otherwise torch==2.13.0 (CPU) is installed
-# first and held by a constraints file so that no dependency pulls a CUDA wheel.
+# sees the system packages and reuses it; otherwise scripts/install_torch.sh installs
+# torch==2.13.0 first and says which build arrived (TORCH_INDEX_URL picks the index:
+# pip's public default serves the CUDA build on Linux x86_64), and a constraints file
+# holds it so that no dependency replaces it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 py="${PYTHON:-python3}"
@@ -48,8 +50,8 @@ if [ -z "$extras" ]; then  # any earlier install (with extras) holds the base de
 fi
 
 if [ ! -x "$venv/bin/python" ]; then
-  if "$py" -c "import torch" 2>/dev/null; then
-    echo "[setup] reusing the system torch: $("$py" -c 'import torch; print(torch.__version__)')"
+  if "$py" -W ignore -c "import torch" 2>/dev/null; then
+    echo "[setup] reusing the system torch: $("$py" -W ignore -c 'import torch; print(torch.__version__)')"
     "$py" -m venv --system-site-packages "$venv"
   else
     "$py" -m venv "$venv"
@@ -59,15 +61,15 @@ vpy="$venv/bin/python"
 "$vpy" -m pip install -q --upgrade pip setuptools wheel
 
 constraints="$venv/constraints.txt"
-if ! "$vpy" -c "import torch" 2>/dev/null; then
-  echo "[setup] installing torch==2.13.0 (CPU)"
-  "$vpy" -m pip install -q "torch==2.13.0"
+if ! "$vpy" -W ignore -c "import torch" 2>/dev/null; then
+  bash scripts/install_torch.sh "$vpy"
 fi
-"$vpy" -c "import torch; print(f'torch=={torch.__version__.split(\"+\")[0]}')" > "$constraints"
+"$vpy" -c "from importlib.metadata import version; print('torch==' + version('torch').split('+')[0])" > "$constraints"
 
 spec="."
 [ -n "$extras" ] && spec=".[$extras]"
 echo "[setup] installing implicit-megatron $spec (torch held at $(cat "$constraints"))"
-PIP_CONSTRAINT="$constraints" "$vpy" -m pip install -q -e "$spec"
+# setuptools' editable-install notice (a 10-line banner on every set-up) says nothing about this project
+PIP_CONSTRAINT="$constraints" PYTHONWARNINGS="ignore:Editable installation" "$vpy" -m pip install -q -e "$spec"
 touch "$stamp"
 echo "[setup] done: $venv"
