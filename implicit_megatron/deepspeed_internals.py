@@ -6,7 +6,7 @@ DeepSpeed (checkpoints/: integrity, layout, consolidation, universal conversion;
 names of the files DeepSpeed writes: they are spelled here only, as DeepSpeed's engine and
 ds_to_universal spell them.
 
-Three needs have no public way:
+Four needs have no public way:
 
 - every file a save writes, wrapped (`engine_writes_wrapped`): DeepSpeed writes a checkpoint's
   files through `engine.checkpoint_engine.save` and copies its recovery script with
@@ -14,6 +14,9 @@ Three needs have no public way:
   barriers on that rank while the others wait at them (train/checkpointer.py records it instead);
 - the shared-memory collective op not built on CPU (`without_shm_comm_op`): DeepSpeed compiles it
   (about 90 s) at the first init on CPU, through its table `deepspeed.ops.__compatible_ops__`;
+- the memory report DeepSpeed's BF16_Optimizer prints at every engine start (`memory_report_to_debug`):
+  three lines per call, six calls with two parameter groups, through print() with force=True, so no
+  logging setting reaches it: the function as that module imported it is the one place;
 - the process groups DeepSpeed makes itself (torch.distributed.new_group without a timeout) given
   the run's collective timeout (`default_group_timeout`): torch's module-level defaults
   `distributed_c10d.default_pg_timeout` (and the NCCL one) are the one place that reaches them.
@@ -92,6 +95,27 @@ def without_shm_comm_op() -> None:
     import deepspeed
 
     deepspeed.ops.__compatible_ops__[SHM_COMM_OP] = False
+
+
+BF16_MEMORY_REPORT = ("deepspeed.runtime.bf16_optimizer", "see_memory_usage")  # module, the name it imported
+
+
+def memory_report_to_debug() -> None:
+    """BF16_Optimizer's memory report (18 lines before the first step of a bf16 ZeRO-1 run) goes to
+    the debug log: a line per call, the message and the memory allocated."""
+    import importlib
+    import logging
+
+    import_deepspeed()
+    module = importlib.import_module(BF16_MEMORY_REPORT[0])
+    logger = logging.getLogger("implicit_megatron.deepspeed")
+
+    def to_debug(message: str, force: bool = False) -> None:
+        from deepspeed.accelerator import get_accelerator
+
+        logger.debug("DeepSpeed memory, %s: %.2f GiB allocated", message, get_accelerator().memory_allocated() / 2**30)
+
+    setattr(module, BF16_MEMORY_REPORT[1], to_debug)
 
 
 def default_group_timeout(timeout: timedelta) -> None:

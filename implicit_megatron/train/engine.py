@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from implicit_megatron.config import Config
-from implicit_megatron.deepspeed_internals import default_group_timeout, without_shm_comm_op
+from implicit_megatron.deepspeed_internals import default_group_timeout, memory_report_to_debug, without_shm_comm_op
 from implicit_megatron.train.optim import build_optimizer
 from implicit_megatron.utils.lean_imports import import_deepspeed
 
@@ -27,6 +27,7 @@ def init_distributed(cfg: Config) -> None:
         return
     if not torch.cuda.is_available():
         without_shm_comm_op()  # DeepSpeed otherwise compiles a shared-memory op (~90 s) at the first init on CPU
+    memory_report_to_debug()
     timeout = collective_timeout(cfg)
     default_group_timeout(timeout)  # DeepSpeed's own groups take torch's default (30 minutes) otherwise
     deepspeed.init_distributed(dist_backend=process_group_backend(cfg), verbose=False, timeout=timeout)
