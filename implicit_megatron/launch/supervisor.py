@@ -10,7 +10,8 @@ not end, is recorded KILLED here, once. A stop asked before the ranks start ends
 as a graceful stop with nothing trained. The handlers only count; the watch loop acts.
 
 The ranks know their launch (run_control.Launch): they end, exit status 3, when it is gone (a kill
--9 of its process group), and rank 0 says so in one line.
+-9 of its process group), and rank 0 says so in one line. When only their launcher is gone (killed by
+a signal) and their launch, on rank 0's host, is alive, rank 0 records the end and the launch says it.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -82,7 +84,10 @@ def supervise(command: list[str], folder: Path, environ: dict[str, str], signals
     finally:
         if env_file:
             os.unlink(env_file)
-    end = RunEnd.read(folder)
+    end = RunEnd.read(folder) if code >= 0 else killed_end(folder)
+    if code < 0 and end is not None and end.outcome == "killed":  # rank 0 left the saying to this launch
+        print(f"{prog}: {end.reason} (killed): this launch ends here, what was trained since the last checkpoint "
+              "is lost", file=sys.stderr, flush=True)
     if code != 0 and end is not None and end.stopped:
         print(f"{prog}: stopped early with a checkpoint ({end.describe()}); launch again to resume", file=sys.stderr,
               flush=True)
@@ -104,13 +109,28 @@ def act(signals: StopSignals, child: subprocess.Popen, folder: Path, tracking_ur
 
 
 def kill_at_once(child: subprocess.Popen, folder: Path, tracking_uri: str | None, prog: str) -> None:
-    """A second Ctrl-C: the launcher's session killed; the run's MLflow end recorded here, once."""
+    """A second Ctrl-C: the launcher's session killed; the run's MLflow end recorded, and the end said
+    here, once (rank 0, whose launch is alive, says nothing: train/__main__.py)."""
     with contextlib.suppress(ProcessLookupError):
         os.killpg(child.pid, signal.SIGKILL)
     child.wait()
-    print(f"{prog}: stopped at once by a second Ctrl-C: what was trained since the last checkpoint is lost",
-          file=sys.stderr, flush=True)
     ignore_stop_signals(interrupt=True)
-    from implicit_megatron.tracking.end_run import main as end_run
+    killed_end(folder)  # rank 0 decides who says the end while this launch is alive: let it decide first
+    from implicit_megatron.tracking.end_run import end_run
 
-    end_run([str(folder), "KILLED", tracking_uri or ""])
+    try:
+        recorded = end_run(folder.resolve(), "KILLED", tracking_uri or None)
+    except Exception as err:  # noqa: BLE001 - the launch has ended already; say why the record could not be made
+        recorded = f"its MLflow run's end was not recorded ({type(err).__name__}: {err})"
+    said = "" if recorded.startswith("no MLflow") else f"; {recorded}"  # tracking off: nothing to say of it
+    print(f"{prog}: stopped at once by a second Ctrl-C: what was trained since the last checkpoint is lost{said}",
+          file=sys.stderr, flush=True)
+
+
+def killed_end(folder: Path, seconds: float = 3.0) -> RunEnd | None:
+    """The run's end after the launcher was killed by a signal: its ranks notice within a second (they
+    watch it) and rank 0 records it; None where none comes."""
+    deadline = time.monotonic() + seconds
+    while (end := RunEnd.read(folder)) is None and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return end

@@ -1,13 +1,14 @@
-"""Record the end of a run's MLflow run where its ranks could not: the launch (launch/supervisor.py) calls
+"""Record the end of a run's MLflow run where its ranks could not: the launch (launch/supervisor.py)
+calls `end_run` after a second Ctrl-C has killed the ranks at once, with the tracking.uri of the
+config it launched (none: the folder's own mlflow.db), and says its words in its one line; by hand:
 
     python -m implicit_megatron.tracking.end_run RUN_DIR KILLED [TRACKING_URI]
 
-after a second Ctrl-C has killed the ranks at once, with the tracking.uri of the config it launched
-(none: the folder's own mlflow.db). The run that RUN_DIR's `mlflow_run_id` names, in that store, is
-set to the status if it is still RUNNING; anything missing or unreachable is one line on stderr and
-exit 0: the launch's own outcome is what counts. The folder's saved config.yaml is never read for
-the store: it may be a received folder's (a launch killed before its ranks wrote their own), naming
-a store or a server of the sender's.
+The run that RUN_DIR's `mlflow_run_id` names, in that store, is set to the status if it is still
+RUNNING (one that has that status already, recorded by its rank 0, is said to have it); anything
+missing or unreachable is one line on stderr and exit 0: the launch's own outcome is what counts.
+The folder's saved config.yaml is never read for the store: it may be a received folder's (a launch
+killed before its ranks wrote their own), naming a store or a server of the sender's.
 """
 
 from __future__ import annotations
@@ -41,8 +42,11 @@ def end_run(folder: Path, status: str, uri: str | None = None) -> str:
 
     client = MlflowClient(tracking_uri=uri)
     run_id = id_file.read_text().strip()
-    if client.get_run(run_id).info.status != "RUNNING":
-        return f"MLflow run {run_id} had ended already"
+    now = client.get_run(run_id).info.status
+    if now == status:  # the ranks' own watcher may have recorded it first: said the same way
+        return f"MLflow run {run_id} recorded as {status}"
+    if now != "RUNNING":
+        return f"MLflow run {run_id} had ended already ({now})"
     client.set_terminated(run_id, status=status)
     return f"MLflow run {run_id} recorded as {status}"
 

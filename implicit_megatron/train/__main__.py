@@ -184,9 +184,17 @@ def _exit_with_launcher(launcher: int, output_dir: str, tracked_run: tuple[str, 
 
     spoken = threading.Lock()
 
+    launch = Launch.of(os.environ)
+    # None: another host's launch, or one this rank cannot see (a container with a process namespace of its own)
+    if launch is not None and not (launch.host == socket.gethostname() and
+                                   process_running(launch.pid, launch.start_ticks)):
+        launch = None
+
     def last_words(what: str) -> None:
         if not _first() or not spoken.acquire(blocking=False):  # one line, whichever watcher sees it first
             return
+        # the launch, alive, says the end itself (launch/supervisor.py: a second Ctrl-C, a killed launcher)
+        launch_says = launch is not None and process_running(launch.pid, launch.start_ticks)
         recorded = ""
         if tracked_run is not None:
             from implicit_megatron.tracking.end_run import end_run
@@ -195,15 +203,14 @@ def _exit_with_launcher(launcher: int, output_dir: str, tracked_run: tuple[str, 
                 recorded = f"; {end_run(Path(tracked_run[0]), 'KILLED', tracked_run[1])}"
             except Exception as err:  # noqa: BLE001 - the store may be gone with the launch
                 recorded = f"; its MLflow run could not be recorded as KILLED ({type(err).__name__})"
-        print(f"[train] {what} is gone (killed): this launch ends here, what was trained since the last "
-              f"checkpoint is lost{recorded}", file=sys.stderr, flush=True)
+        if not launch_says:
+            print(f"[train] {what} is gone (killed): this launch ends here, what was trained since the last "
+                  f"checkpoint is lost{recorded}", file=sys.stderr, flush=True)
         _record(output_dir, RunEnd("killed", ORPHANED, reason=f"{what} is gone"))
 
     exit_when_gone(launcher, code=ORPHANED,
                    before_exit=functools.partial(last_words, f"the launcher of the ranks (process {launcher})"))
-    launch = Launch.of(os.environ)
-    # another host's launch, or one this rank cannot see (a container with a process namespace of its own)
-    if launch and launch.host == socket.gethostname() and process_running(launch.pid, launch.start_ticks):
+    if launch is not None:
         exit_when_gone(launch.pid, code=ORPHANED,
                        before_exit=functools.partial(last_words, f"launch/pretrain.sh (process {launch.pid})"))
 

@@ -242,6 +242,9 @@ def test_ctrl_c_stops_with_a_checkpoint_and_a_second_one_at_once(shakespeare_sha
     out, _ = twice.communicate(timeout=60)
     assert twice.returncode == 130, out[-3000:]
     assert "stopped at once by a second Ctrl-C" in out and "Traceback" not in out
+    ends = [line for line in out.splitlines() if "is lost" in line or "had ended" in line or "end_run" in line]
+    assert len(ends) == 1 and ends[0].startswith("pretrain.sh: stopped at once by a second Ctrl-C"), out[-3000:]
+    assert ends[0].endswith("recorded as KILLED"), ends  # the MLflow run's end, in the same line
     gone, alive = psutil.wait_procs(processes, timeout=30)
     assert not alive, [p.pid for p in alive]
     assert RunEnd.read(tmp_path / "twice").outcome == "killed"  # the rank's last words: not a graceful stop

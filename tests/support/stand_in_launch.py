@@ -9,6 +9,8 @@ its `behaviour` says:
     finish    the run's end (finished), exit 0          fail    the run's end (failed), exit 1
     refuse    the run's end (refused), exit 2           orphan  the run's end (killed), exit 3
     hang      waits for ever (a second Ctrl-C must end it)
+    killed    killed by SIGKILL, as a launcher killed by someone; its rank, left in a session of its
+              own, records the run's end (killed, exit 3) once it sees the launcher gone
 
 What a real rank does with the protocol (its own signals, the request read by rank 0 at a step,
 the run's end written by its entry) is tested in-process (tests/unit/train/); one real launch per
@@ -35,6 +37,16 @@ launch = Launch.of(os.environ)
 if behaviour == "hang":
     while True:
         time.sleep(1)
+if behaviour == "killed":
+    import signal
+    launcher = os.getpid()
+    if os.fork() == 0:
+        os.setsid()
+        while os.getppid() == launcher:
+            time.sleep(0.01)
+        RunEnd("killed", 3, reason=f"the launcher of the ranks (process {launcher}) is gone").write(folder)
+        os._exit(3)
+    os.kill(launcher, signal.SIGKILL)
 if behaviour == "stop":
     while StopRequest.read(folder) is None:
         time.sleep(0.01)

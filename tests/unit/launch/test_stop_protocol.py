@@ -77,6 +77,19 @@ def test_a_second_ctrl_c_ends_the_launch_at_once(which, tmp_path):
     code, out = finish(proc)
     assert code == 130, out[-3000:]
     assert "stopped at once by a second Ctrl-C" in out and "Traceback" not in out, out[-3000:]
+    assert out.count("is lost") == 1, out[-3000:]  # the end said once
+
+
+@pytest.mark.parametrize("which", ["pretrain", "curriculum"])
+def test_a_launcher_killed_by_a_signal_is_said_by_the_launch_once(which, tmp_path):
+    """torchrun killed (the OOM killer, an admin): its ranks, in sessions of their own, record the end
+    and leave the saying to the launch, which is alive: one line, naming the launcher."""
+    code, out = finish(start(which, "killed", tmp_path))
+    assert code != 0, out[-3000:]
+    ends = [line for line in out.splitlines() if "is lost" in line]
+    assert len(ends) == 1 and "the launcher of the ranks (process " in ends[0], out[-3000:]
+    assert ends[0].endswith("is gone (killed): this launch ends here, what was trained since the last checkpoint "
+                            "is lost"), ends
 
 
 def test_each_phase_launches_with_the_processes_it_names(tmp_path):
