@@ -80,6 +80,24 @@ def test_an_export_loads_and_generates_in_a_python_without_the_package(exports, 
     assert {p.name for p in saved.glob("*.py")} == {p.name for p in exports["llama-implicit"].glob("*.py")}
 
 
+TOKENIZER_ALONE = NO_PACKAGE + """from transformers import PreTrainedTokenizerFast
+tokenizer = PreTrainedTokenizerFast.from_pretrained(sys.argv[1])
+print(tokenizer.padding_side, repr(tokenizer.decode(tokenizer("ROMEO: but soft")["input_ids"])))
+"""
+
+
+@pytest.mark.processes
+def test_the_documented_tokenizer_load_without_the_package_says_nothing(exports):
+    """AutoTokenizer reads config.json first: told not to run its code, transformers warns that the model
+    type "can yield errors". The class tokenizer_config.json names reads the tokenizer's files alone."""
+    docs = (Path(__file__).resolve().parents[3] / "docs/checkpoints.md").read_text()
+    assert 'tokenizer = PreTrainedTokenizerFast.from_pretrained("runs/quickstart/export")' in docs
+    result = subprocess.run([sys.executable, "-c", TOKENIZER_ALONE, str(exports["llama-implicit"])],
+                            capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
+    assert result.returncode == 0 and result.stderr == "", result.stderr[-3000:]
+    assert result.stdout == "left 'ROMEO: but soft'\n"
+
+
 def test_the_folder_carries_the_package_modules_the_model_needs_and_no_other(exports):
     folder = exports["mamba2-implicit"]
     files = {p.name: p.read_text() for p in folder.glob("*.py")}
