@@ -8,6 +8,7 @@ that warn about a diverging loss or solves that never converge read what `report
 
 from __future__ import annotations
 
+import os
 import resource
 import sys
 import time
@@ -118,6 +119,17 @@ class Reporting(Callback):
         skipped_text = (f"; {skipped} steps skipped with non-finite losses (their updates not applied)"
                         if skipped else "")
         self.log(f"done at step {step}{measure}{skipped_text}; checkpoints in {checkpoint_dir(self.cfg)}")
+        if step == self.cfg.train.steps:  # the run's end, not a phase launch's: what a user does next
+            self.log(next_steps(self.cfg, self.parameters))
+
+
+def next_steps(cfg: Config, parameters: int | None) -> str:
+    """The model's size, and the commands that use what the run left (README: Use a trained model)."""
+    out, python = cfg.output_dir, ".venv/bin/python" if os.path.exists(".venv/bin/python") else "python"
+    size = f"{parameters:,} parameters; " if parameters else ""
+    return (f"the model: {size}next: {python} tools/convert_checkpoint.py export {out} {out}/export (a transformers "
+            f"folder), {python} tools/generate.py {checkpoint_dir(cfg)} --prompt TEXT (generation), {python} "
+            f"tools/plot_run.py {out} (the run's curves); README.md: Use a trained model")
 
 
 def memory_metrics() -> dict[str, float]:
