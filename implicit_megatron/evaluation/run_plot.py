@@ -11,7 +11,10 @@ records them (a run extended past its first train.steps keeps its phases where t
 without checkpoints gets its config's fractions of train.steps (implicit_megatron.config.phase_bounds).
 
 Drawing (`plot`): one or more runs' curves in one PNG (loss, perplexity, learning rate, solver
-passes and residual, and accuracy or the gradient norm), the curriculum's phases shaded.
+passes and residual, and accuracy or the gradient norm), the curriculum's phases shaded (several
+runs: each its own strip along the panels' foot, so that their phases never overlap), and where each
+launch began (launches.jsonl: a first start, a resume, a curriculum's next phase, an extension)
+marked at the panels' top in its run's colour.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from implicit_megatron.config import Config, phase_bounds, read_config
+from implicit_megatron.tracking.launches_file import read_launches
 from implicit_megatron.tracking.metrics_file import METRICS_FILE, read_metrics
 
 if TYPE_CHECKING:
@@ -53,6 +57,7 @@ class RunCurves:
     steps: list[int] = field(default_factory=list)  # every logged step, ascending
     series: dict[str, tuple[list[int], list[float]]] = field(default_factory=dict)  # key -> (tokens, values)
     phases: list[PhaseSpan] = field(default_factory=list)
+    launches: list[tuple[int, str]] = field(default_factory=list)  # (tokens, start | resume) of each launch
 
     def has(self, key: str) -> bool:
         return bool(self.series.get(key, ((), ()))[0])
@@ -124,7 +129,9 @@ def read_run(folder: str | Path) -> RunCurves:
                 tokens, values = series.setdefault(key, ([], []))
                 tokens.append(step * per_step)
                 values.append(float(value))
-    return RunCurves(cfg.name, folder, per_step, list(by_step), series, phase_spans(cfg, recorded_phase_ranges(folder)))
+    launches = list(dict.fromkeys((launch.step * per_step, launch.kind) for launch in read_launches(folder)))
+    return RunCurves(cfg.name, folder, per_step, list(by_step), series, phase_spans(cfg, recorded_phase_ranges(folder)),
+                     launches)
 
 
 # phases are shaded in hues no run line takes (runs are drawn in matplotlib's C0, C1, ...: tab:blue, tab:orange, ...)
@@ -173,18 +180,39 @@ def phase_colours(runs) -> dict[tuple[str, str], str]:
     return {key: PHASE_COLOURS[i % len(PHASE_COLOURS)] for i, key in enumerate(keys)}
 
 
+STRIP = 0.04  # the height of one run's phase strip (a fraction of the panel) where several runs share it
+LAUNCH_MARKERS: dict[str, dict[str, Any]] = {"start": {"marker": "v", "markerfacecolor": "none"},
+                                             "resume": {"marker": "v"}}
+
+
+def phase_band(runs, index: int) -> tuple[float, float]:
+    """Where run `index`'s phases are shaded: one run over the whole panel, several each in a strip."""
+    return (0.0, 1.0) if len(runs) == 1 else (index * STRIP, (index + 1) * STRIP)
+
+
 def shade_phases(ax, runs, colours) -> None:
-    """Each distinct phase span shaded once; each run's phase changes as dotted lines in its colour."""
-    seen = set()
+    """Each run's phase spans in its band (edged in the run's colour where there are several runs);
+    each run's phase changes as dotted lines in its colour."""
     for index, run in enumerate(runs):
+        low, high = phase_band(runs, index)
+        several = len(runs) > 1
         for span in run.phases:
-            key = (span.name, span.label, span.start_tokens, span.end_tokens)
-            if key not in seen:
-                seen.add(key)
-                ax.axvspan(span.start_tokens, span.end_tokens, color=colours[(span.name, span.label)], alpha=0.35,
-                           zorder=0, linewidth=0)
+            ax.axvspan(span.start_tokens, span.end_tokens, ymin=low, ymax=high,
+                       facecolor=colours[(span.name, span.label)], alpha=0.8 if several else 0.35,
+                       edgecolor=f"C{index}" if several else "none", linewidth=0.8 if several else 0, zorder=0)
             if span.first_step > 0:
                 ax.axvline(span.start_tokens, color=f"C{index}", linestyle=":", linewidth=0.8, zorder=1)
+
+
+def mark_launches(ax, runs) -> None:
+    """Where each launch began: a triangle at the panel's top in its run's colour (hollow: a first start,
+    filled: a resume)."""
+    for index, run in enumerate(runs):
+        for kind, style in LAUNCH_MARKERS.items():
+            tokens = [t for t, k in run.launches if k == kind]
+            if tokens:
+                ax.plot(tokens, [1.0] * len(tokens), linestyle="none", markersize=7, color=f"C{index}",
+                        transform=ax.get_xaxis_transform(), clip_on=False, zorder=3, **style)
 
 
 def token_text(tokens: float, _position=None) -> str:
@@ -224,11 +252,15 @@ def legend(fig, runs, names, colours) -> None:
                 Line2D([], [], color="0.3", label="validation", **VALIDATION_STYLE)]
     handles += [Patch(color=colour, alpha=0.5, label=f"phase {name} {label}") for (name, label), colour in
                 colours.items()]
+    kinds = {kind for run in runs for _, kind in run.launches}
+    handles += [Line2D([], [], color="0.3", linestyle="none", markersize=7, label=f"a launch: {words}",
+                       **LAUNCH_MARKERS[kind]) for kind, words in (("start", "start"), ("resume", "resume"))
+                if kind in kinds]
     fig.legend(handles=handles, loc="lower center", ncol=min(len(handles), 4), fontsize=8, frameon=False)
 
 
-def plot(runs, output: Path, title: str | None = None) -> Path:
-    """Every panel for these runs into one PNG at `output`."""
+def figure(runs, title: str | None = None):
+    """Every panel for these runs, as a matplotlib figure."""
     from implicit_megatron.evaluation.plots import pyplot
 
     plt = pyplot()
@@ -238,12 +270,21 @@ def plot(runs, output: Path, title: str | None = None) -> Path:
     for ax, panel in zip(axes.flat, panels_for(runs)):
         shade_phases(ax, runs, colours)
         draw_panel(ax, panel, runs)
+        mark_launches(ax, runs)
         ax.tick_params(labelbottom=True)
     legend(fig, runs, names, colours)
-    rows = math.ceil((len(runs) + 2 + len(colours)) / 4)
+    rows = math.ceil((len(runs) + 4 + len(colours)) / 4)
     fig.suptitle(title or ", ".join(names))
-    fig.tight_layout(rect=(0, 0.025 * rows + 0.01, 1, 1))
+    fig.tight_layout(rect=(0, 0.025 * rows + 0.01, 1, 0.98))
+    return fig
+
+
+def plot(runs, output: Path, title: str | None = None) -> Path:
+    """Every panel for these runs into one PNG at `output`."""
+    from implicit_megatron.evaluation.plots import pyplot
+
+    fig = figure(runs, title)
     output.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(output, dpi=110)
-    plt.close(fig)
+    pyplot().close(fig)
     return output

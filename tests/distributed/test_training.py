@@ -145,6 +145,12 @@ def test_killed_runs_resume_exactly(zero1_run, shakespeare_shards, tmp_path):
     assert evaluations and all(0 <= r["val/converged_frac"] <= 1 and r["val/solver_residual"] > 0 for r in evaluations)
     assert "config.yaml" in [f.path for f in client.list_artifacts(run.info.run_id)]
     assert run.info.status == "FINISHED" or client.get_run(run.info.run_id).info.status == "FINISHED"
+    from implicit_megatron.tracking.launches_file import read_launches  # where each launch began, for plots
+
+    launches = read_launches(interrupted)
+    assert [(launch.step, launch.kind, launch.phase) for launch in launches] == [
+        (0, "start", "bounded"), (6, "resume", "bounded"), (10, "resume", "free")]
+    assert {launch.world_size for launch in launches} == {2}
 
 
 @pytest.mark.distributed

@@ -20,6 +20,7 @@ import torch.distributed as dist
 from implicit_megatron.checkpoints.layout import DamagedCheckpoint, checkpoint_dir, read_latest
 from implicit_megatron.config import Config
 from implicit_megatron.errors import RunStopped
+from implicit_megatron.tracking.launches_file import LAUNCHES_FILE, append_launch
 from implicit_megatron.tracking.metrics_file import METRICS_FILE, append_metrics
 from implicit_megatron.tracking.tracker import Tracker
 from implicit_megatron.train.callbacks import Callback, FitEnd, StepControl, StepEnd
@@ -47,6 +48,11 @@ class Reporting(Callback):
         """This launch trains steps start+1..end: elapsed time and the ETA (to `end`) count from here."""
         self.first_step, self.last_step, self.started = start, end, time.monotonic()
         self.tracker.begin(start, self.parameters, self.resumed, dist.get_world_size())
+        if self.rank == 0:  # where this launch begins, for tools/plot_run.py
+            try:
+                append_launch(self.cfg.output_dir, start, self.resumed, dist.get_world_size(), self.phase_of(start))
+            except OSError as err:  # a plot's mark is not worth a run: metrics.jsonl's own write says a full disk
+                self.log(f"warning: {LAUNCHES_FILE} in {self.cfg.output_dir} not written ({err.strerror or err})")
 
     def on_step_start(self, step: int) -> None:
         self.tracker.set_phase(self.phase_of(step))

@@ -14,6 +14,7 @@ from support.tools import load_tool
 
 from implicit_megatron.config import Config, CurriculumConfig, PhaseConfig
 from implicit_megatron.evaluation.run_plot import last_record_per_step, read_run
+from implicit_megatron.tracking.launches_file import LAUNCHES_FILE, append_launch
 from implicit_megatron.tracking.metrics_file import append_metrics
 
 STEPS, BATCH, SEQ = 20, 4, 32  # 128 tokens per step
@@ -39,8 +40,10 @@ def make_run(folder, name: str, implicit: bool, loss_shift: float = 0.0):
             record.update({"solver/iterations": 4.0 if step <= 15 else 9.0, "solver/residual": 0.5 / step})
         return record
 
+    append_launch(folder, 0, resumed=False, world_size=2, phase="bounded" if implicit else None)
     for step in range(2, 11, 2):  # the first launch, killed after step 10 with its checkpoint at 6
         append_metrics(folder, step, train_record(step, 9.0 + loss_shift))
+    append_launch(folder, 6, resumed=True, world_size=2, phase="bounded" if implicit else None)
     for step in range(8, STEPS + 1, 2):  # the resumed launch logs 8 and 10 again
         append_metrics(folder, step, train_record(step, 5.0 - step / 10 + loss_shift))
         if step % 10 == 0:
@@ -60,6 +63,7 @@ def test_a_run_is_read_against_tokens_with_the_last_record_of_each_step(tmp_path
     spans = [(p.name, p.kind, p.label, p.first_step, p.end_step, p.start_tokens, p.end_tokens) for p in run.phases]
     assert spans == [("bounded", "bounded", "(4+1)", 0, 15, 0, 15 * 128),
                      ("free", "free", "(24+4), tol 0.05", 15, 20, 15 * 128, 20 * 128)]
+    assert run.launches == [(0, "start"), (6 * 128, "resume")]
     assert read_run(make_run(tmp_path / "b", "tiny-b", implicit=False)).phases == []
 
 
@@ -116,6 +120,42 @@ def test_two_runs_are_drawn_into_one_png(tmp_path):
     # each run's lines in its own colour (a drawing of the first run alone has no C1 pixel), over
     # many panels: hundreds of pixels each, beyond the legend's short line
     assert pixels_of("C0") > 500 and pixels_of("C1") > 500, (pixels_of("C0"), pixels_of("C1"))
+
+
+def test_two_runs_phases_each_have_a_strip_and_every_launch_is_marked(tmp_path):
+    """Two curricula of other phase bounds: each run's phases shaded in a strip of its own along the
+    panel's foot, edged in its colour (shaded over the whole panel, they lay on top of each other), and
+    a triangle in the run's colour where each of its launches began. A damaged launch line is skipped."""
+    from matplotlib.colors import to_rgba
+
+    from implicit_megatron.evaluation.run_plot import STRIP, figure
+
+    first = make_run(tmp_path / "first", "tiny-first", implicit=True)
+    second = make_run(tmp_path / "second", "tiny-second", implicit=True, loss_shift=0.3)
+    with open(second / LAUNCHES_FILE, "a") as f:
+        f.write('{"step": 12, "kind": "resu\n')  # cut by a kill
+    config = yaml.safe_load((second / "config.yaml").read_text())
+    config["curriculum"]["phases"][0]["fraction"], config["curriculum"]["phases"][1]["fraction"] = 0.5, 0.5
+    (second / "config.yaml").write_text(yaml.safe_dump(config))
+    fig = figure([read_run(first), read_run(second)])
+    for ax in fig.axes[:6]:
+        spans = [p for p in ax.patches if p.get_height() < 1.0 or p.get_y() > 0]
+        assert len(spans) == len(ax.patches) == 4, [(p.get_y(), p.get_height()) for p in ax.patches]
+        for index in (0, 1):
+            own = [p for p in spans if to_rgba(p.get_edgecolor())[:3] == to_rgba(f"C{index}")[:3]]
+            assert len(own) == 2 and all(p.get_y() == pytest.approx(index * STRIP) and
+                                         p.get_height() == pytest.approx(STRIP) for p in own)
+            bounds = sorted(p.get_x() + p.get_width() for p in own)  # where its bounded and free phases end
+            assert bounds == [(15 if index == 0 else 10) * 128, 20 * 128], bounds
+            marks = [line for line in ax.lines if line.get_marker() == "v" and line.get_color() == f"C{index}"]
+            assert sorted((list(line.get_xdata()), line.get_markerfacecolor() == "none") for line in marks) == \
+                [([0], True), ([6 * 128], False)]  # a hollow start, a filled resume
+    import matplotlib.pyplot as plt
+
+    plt.close(fig)
+    one = figure([read_run(first)])  # one run: its phases over the whole panel, as before
+    assert {(p.get_y(), p.get_height()) for p in one.axes[0].patches} == {(0.0, 1.0)}
+    plt.close(one)
 
 
 @pytest.mark.processes
