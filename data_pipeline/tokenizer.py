@@ -95,10 +95,15 @@ class Tokenizer:
         return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
 
 
-# tokenizer.json's parts that decide ids and text. Not "post_processor": it adds special tokens (or
-# moves offsets) only when asked to, and every encode here passes add_special_tokens=False, so two
-# files that differ only there give the shards the same ids. Not "version", "truncation", "padding".
-HF_IDENTITY_PARTS = ("model", "added_tokens", "normalizer", "pre_tokenizer", "decoder")
+# tokenizer.json's parts that decide ids and text, for this project's encodes and for a client's
+# (transformers adds special tokens through the post-processor unless told not to); every part but
+# "version". A file with truncation or padding set is refused at load (ENCODE_SETTINGS): were one
+# accepted, its identity would still differ from the same file without them.
+HF_IDENTITY_PARTS = ("model", "added_tokens", "normalizer", "pre_tokenizer", "post_processor", "decoder",
+                     "truncation", "padding")
+# what a tokenizer.json may set that cuts or pads every text it encodes: shards would hold documents
+# cut short, evaluation and generation prompts cut or padded, with no word
+ENCODE_SETTINGS = ("truncation", "padding")
 
 
 def _hf_description(backend) -> dict:
@@ -190,6 +195,7 @@ def _hf(path: Path, eod_token: str | None) -> Tokenizer:
         backend = HFTokenizer.from_str(raw.decode("utf-8"))
     except Exception as err:  # tokenizers raises a bare Exception on malformed files
         raise ValueError(f"{path}: not a valid tokenizer.json: {err}") from None
+    _check_encode_settings(backend, path)
     _check_speed(backend, path)
     _check_ids(backend, path)
     # the span of its ids, not its count of entries: an entry may be mapped past the others (id 10^6)
@@ -197,6 +203,18 @@ def _hf(path: Path, eod_token: str | None) -> Tokenizer:
     tok = Tokenizer(backend, "hf", max(span, backend.get_vocab_size(with_added_tokens=True)), -1, str(path))
     tok.eod_id = _find_eod(tok, eod_token)
     return tok
+
+
+def _check_encode_settings(backend, path: Path) -> None:
+    """Truncation or padding in the file would apply to every encode: refused, naming the section."""
+    for section, does in zip(ENCODE_SETTINGS, ("cut", "pad")):
+        setting = getattr(backend, section)
+        if setting:
+            shown = ", ".join(f"{key} {value}" for key, value in setting.items()
+                              if key in ("max_length", "length", "strategy", "pad_token") and value is not None)
+            raise ValueError(f"{path}: its {section!r} section ({shown}) would {does} every text it encodes (shards, "
+                             "evaluation and generation need texts whole and unpadded): set it to null in the file, "
+                             f"or save the tokenizer again after tokenizer.no_{section}()")
 
 
 def _check_ids(backend, path: Path) -> None:

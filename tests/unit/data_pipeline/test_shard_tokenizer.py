@@ -10,6 +10,7 @@ import lzma
 import shutil
 from pathlib import Path
 
+import pytest
 from support.processes import ROOT
 
 from data_pipeline.pipeline import PreprocessConfig, run_preprocess
@@ -87,9 +88,9 @@ def identity_of(raw: dict, path: Path, **dumps) -> str:
 
 
 def test_the_identity_is_what_the_tokenizer_does_not_its_file(tmp_path):
-    """The same tokenizer as .json.xz, as .json, re-serialized (whitespace, key order, a default left
-    out), or with another post-processor, truncation or padding: one identity. Anything that
-    changes ids or text is another."""
+    """The same tokenizer as .json.xz, as .json or re-serialized (whitespace, key order, a default left
+    out): one identity. Anything that changes ids or text, for this project's encodes or a client's
+    (the post-processor adds special tokens where a client asks for them), is another."""
     same = load_tokenizer(BPE).identity()
     raw = bpe_json()
     assert identity_of(raw, tmp_path / "plain.json") == same
@@ -97,8 +98,6 @@ def test_the_identity_is_what_the_tokenizer_does_not_its_file(tmp_path):
     assert identity_of(reordered, tmp_path / "spaced.json", indent=7, ensure_ascii=True) == same
     with_defaults_left_out = {**raw, "model": {k: v for k, v in raw["model"].items() if k != "ignore_merges"}}
     assert identity_of(with_defaults_left_out, tmp_path / "short.json") == same
-    assert identity_of({**raw, "post_processor": None, "truncation": {"max_length": 8, "strategy": "LongestFirst",
-                        "stride": 0, "direction": "Right"}}, tmp_path / "post.json") == same
     merges = [*raw["model"]["merges"]]
     merges[5], merges[6] = merges[6], merges[5]
     vocab = {**raw["model"]["vocab"]}
@@ -110,9 +109,31 @@ def test_the_identity_is_what_the_tokenizer_does_not_its_file(tmp_path):
               "normalizer": {**raw, "normalizer": {"type": "NFKC"}},
               "pre_tokenizer": {**raw, "pre_tokenizer": {**raw["pre_tokenizer"], "add_prefix_space": True}},
               "added_token": {**raw, "added_tokens": [*raw["added_tokens"], added]},
-              "decoder": {**raw, "decoder": None}}
+              "decoder": {**raw, "decoder": None},
+              "post_processor": {**raw, "post_processor": {"type": "TemplateProcessing", "single": [
+                  {"SpecialToken": {"id": "<|endoftext|>", "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}}],
+                  "pair": [{"Sequence": {"id": "A", "type_id": 0}}], "special_tokens": {"<|endoftext|>": {
+                      "id": "<|endoftext|>", "ids": [0], "tokens": ["<|endoftext|>"]}}}}}
     identities = {name: identity_of(changed, tmp_path / f"{name}.json") for name, changed in others.items()}
     assert same not in identities.values() and len(set(identities.values())) == len(others), identities
+
+
+@pytest.mark.parametrize("section, setting, said", [
+    ("truncation", {"max_length": 64, "strategy": "LongestFirst", "stride": 0, "direction": "Right"},
+     "its 'truncation' section (max_length 64, strategy longest_first) would cut every text it encodes"),
+    ("padding", {"strategy": {"Fixed": 16}, "direction": "Right", "pad_to_multiple_of": None, "pad_id": 0,
+                 "pad_type_id": 0, "pad_token": "<|endoftext|>"},
+     "its 'padding' section (length 16, pad_token <|endoftext|>) would pad every text it encodes")])
+def test_a_tokenizer_that_cuts_or_pads_every_text_is_refused_naming_the_section(section, setting, said, tmp_path):
+    """Shards built with it held every document cut to 64 tokens, and an export's prompts were cut or
+    padded in evaluation and generation, with no word."""
+    path = tmp_path / "tokenizer.json"
+    path.write_text(json.dumps({**bpe_json(), section: setting}))
+    with pytest.raises(ValueError) as refused:
+        load_tokenizer(path)
+    assert str(refused.value) == (f"{path}: {said} (shards, evaluation and generation need texts whole and "
+                                  f"unpadded): set it to null in the file, or save the tokenizer again after "
+                                  f"tokenizer.no_{section}()")
 
 
 def test_another_tokenizer_is_refused_naming_both_files(tmp_path, write_jsonl):

@@ -84,3 +84,22 @@ def test_a_tokenizer_with_ids_past_the_models_vocabulary_is_refused_at_load(tmp_
     with pytest.raises(ValueError, match=rf"^{export / 'tokenizer.json'}: token ids up to 1000000, past the model's "
                                          r"vocabulary of \d+ \(model.vocab_size\)"):
         load_model(export)
+
+
+def test_an_export_whose_tokenizer_pads_every_prompt_is_refused_in_one_line(tmp_path, capsys):
+    """A received export's tokenizer.json with a padding section padded every prompt of evaluation and
+    generation to its length, with no word."""
+    import json
+
+    from support.tiny_exports import write_tiny_export
+    from support.tools import load_tool
+
+    export = write_tiny_export("llama-explicit", tmp_path)
+    described = json.loads((export / "tokenizer.json").read_text())
+    described["padding"] = {"strategy": {"Fixed": 48}, "direction": "Left", "pad_to_multiple_of": None, "pad_id": 0,
+                            "pad_type_id": 0, "pad_token": "<|endoftext|>"}
+    (export / "tokenizer.json").write_text(json.dumps(described))
+    assert load_tool("generate").main([str(export), "--prompt", "ROMEO:", "--max-new-tokens", "2"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"generate: {export / 'tokenizer.json'}: its 'padding' section (length 48, pad_token "
+                          "<|endoftext|>) would pad every text it encodes") and err.count("\n") == 1, err
