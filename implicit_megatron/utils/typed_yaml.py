@@ -36,17 +36,34 @@ class ConfigError(ValueError):
 
 MAX_CONFIG_BYTES = 1 << 20  # a config is a few KB: a larger file is refused before it is read whole
 MAX_BASE_DEPTH = 32  # files in one `base:` chain
+MAX_BASE_READS = 32  # files read for one config in all, a file named twice counted twice (a fan-out of bases)
 
 
 class _NoAliases(yaml.SafeLoader):
     """YAML without aliases (`*name`): a few hundred bytes of nested aliases expand to gigabytes
-    when the config is walked. No config needs them; anchors alone are harmless."""
+    when the config is walked. No config needs them; anchors alone are harmless. And without a key
+    twice in one mapping, which YAML forbids and PyYAML reads as the last one, silently."""
 
     def compose_node(self, parent, index):
         if self.check_event(yaml.AliasEvent):
             raise yaml.composer.ComposerError(None, None, "aliases (*name) are not accepted in a config",
                                               self.peek_event().start_mark)
         return super().compose_node(parent, index)
+
+    def construct_mapping(self, node: yaml.Node, deep: bool = False) -> dict:
+        if isinstance(node, yaml.MappingNode):
+            seen: dict = {}
+            for key_node, _ in node.value:
+                key = self.construct_object(key_node, deep=True)
+                try:
+                    first = seen.setdefault(key, key_node.start_mark)
+                except TypeError:  # an unhashable key: the constructor names it
+                    continue
+                if first is not key_node.start_mark:
+                    raise yaml.constructor.ConstructorError(
+                        None, None, f"the key {key!r} is given twice in one mapping (first on line {first.line + 1})",
+                        key_node.start_mark)
+        return super().construct_mapping(node, deep)
 
 
 def parse_yaml(text: str, source: str, key: str = "", what: str = "not valid YAML") -> Any:
@@ -60,17 +77,25 @@ def parse_yaml(text: str, source: str, key: str = "", what: str = "not valid YAM
         raise ConfigError(source, key, f"{what}: nested too deeply") from None
 
 
-def read_yaml_chain(path: str | os.PathLike, _seen: tuple[Path, ...] = ()) -> tuple[dict, dict[str, str]]:
+def read_yaml_chain(path: str | os.PathLike, _seen: tuple[Path, ...] = (),
+                    _reads: list[Path] | None = None) -> tuple[dict, dict[str, str]]:
     """Read a YAML file and the chain of files it extends through `base:`.
 
-    Returns the merged mapping and, for every leaf key (dotted), the file that set it.
+    Returns the merged mapping and, for every leaf key (dotted), the file that set it. At most
+    MAX_BASE_DEPTH files in one chain and MAX_BASE_READS reads in all (`_reads`: those so far).
     """
     path = Path(path).resolve()
+    reads = [] if _reads is None else _reads
     if path in _seen:
         chain = " -> ".join(str(p) for p in (*_seen, path))
         raise ConfigError(str(path), BASE_KEY, f"circular base chain: {chain}")
     if len(_seen) >= MAX_BASE_DEPTH:
         raise ConfigError(str(_seen[-1]), BASE_KEY, f"a base chain of more than {MAX_BASE_DEPTH} files")
+    if len(reads) >= MAX_BASE_READS:
+        chain = " -> ".join(str(p) for p in (*_seen, path))
+        raise ConfigError(str(_seen[-1]), BASE_KEY, f"more than {MAX_BASE_READS} files to read in all (a base named "
+                                                    f"more than once is read each time), at {chain}")
+    reads.append(path)
     data = parse_yaml(config_text(path), str(path)) or {}
     if not isinstance(data, dict):
         raise ConfigError(str(path), "", f"expected a mapping at the top level, got {type(data).__name__}")
@@ -79,7 +104,7 @@ def read_yaml_chain(path: str | os.PathLike, _seen: tuple[Path, ...] = ()) -> tu
     sources: dict[str, str] = {}
     bases = data.pop(BASE_KEY, None)
     for base in [bases] if isinstance(bases, str) else (bases or []):
-        base_data, base_sources = read_yaml_chain(path.parent / base, (*_seen, path))
+        base_data, base_sources = read_yaml_chain(path.parent / base, (*_seen, path), reads)
         merged, sources = merge(merged, sources, base_data, base_sources)
     own_sources = {key: str(path) for key in leaf_keys(data)}
     return merge(merged, sources, data, own_sources)
