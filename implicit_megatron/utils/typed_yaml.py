@@ -18,6 +18,8 @@ from typing import Any, Literal, Union
 
 import yaml
 
+from implicit_megatron.utils.domains import field_problems
+
 BASE_KEY = "base"
 _YAML12_FLOAT = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+")
 COMMAND_LINE = "command line"
@@ -275,6 +277,9 @@ def build_dataclass(cls: type, data: dict, sources: dict[str, str], prefix: str 
         raise ConfigError(source_of(sources, where), where or cls.__name__,
                           f"missing required key(s) {', '.join(missing)} of {cls.__name__}")
     kwargs = {key: coerce(hints[key], value, sources, f"{prefix}{key}") for key, value in data.items()}
+    for f in (f for f in dataclasses.fields(cls) if f.name in kwargs):  # each in its domain (utils.domains)
+        for key, problem in field_problems(f, kwargs[f.name], f"{prefix}{f.name}"):
+            raise ConfigError(source_of(sources, key), key, problem)
     return cls(**kwargs)
 
 
@@ -318,7 +323,11 @@ def coerce(tp: Any, value: Any, sources: dict[str, str], dotted: str) -> Any:
             return value
     elif tp is float:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
+            try:
+                return float(value)
+            except OverflowError:  # an integer beyond any float
+                raise ConfigError(source_of(sources, dotted), dotted, f"expected a finite number, got an integer "
+                                                                      f"of {len(str(abs(value)))} digits") from None
         if isinstance(value, str) and _YAML12_FLOAT.fullmatch(value):  # 1e-4: a float in YAML 1.2, not in 1.1
             return float(value)
     elif tp is str:
