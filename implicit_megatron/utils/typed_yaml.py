@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import functools
 import os
 import re
 import stat
@@ -260,7 +261,7 @@ def build_dataclass(cls: type, data: dict, sources: dict[str, str], prefix: str 
     if not isinstance(data, dict):
         raise ConfigError(source_of(sources, prefix.rstrip(".")), prefix.rstrip("."),
                           f"expected a mapping for {cls.__name__}, got {type(data).__name__}")
-    hints = typing.get_type_hints(cls)
+    hints = _type_hints(cls)
     names = [f.name for f in dataclasses.fields(cls) if f.init]
     for key in data:
         if key not in names:
@@ -281,6 +282,12 @@ def build_dataclass(cls: type, data: dict, sources: dict[str, str], prefix: str 
         for key, problem in field_problems(f, kwargs[f.name], f"{prefix}{f.name}"):
             raise ConfigError(source_of(sources, key), key, problem)
     return cls(**kwargs)
+
+
+@functools.cache
+def _type_hints(cls: type) -> dict[str, Any]:
+    """A dataclass's field types, evaluated once (evaluating its annotations was most of a read)."""
+    return typing.get_type_hints(cls)
 
 
 def coerce(tp: Any, value: Any, sources: dict[str, str], dotted: str) -> Any:
