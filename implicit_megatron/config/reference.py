@@ -63,6 +63,10 @@ shape keys take each size's values from `configs/parts/model/`, Table 6).
 - **The files themselves**: a key given twice in one YAML mapping is refused (naming the file, line
   and key), as are aliases (`*name`); a config reads at most {MAX_BASE_READS} files through `base:`,
   a file named twice counted twice.
+
+`tools/dev/fuzz_config.py` gives every key NaN, infinities, 0, -1, huge numbers, wrong types and a
+second line of it; the test suite runs it and holds each case to one refusal naming the key, or to a
+value inside the key's domain.
 """
 
 

@@ -67,7 +67,7 @@ class Mamba2Spec(BackboneSpec):
     def check(self, settings: Any, d_model: int, fail: Fail) -> None:
         s = settings  # each field's own range is its domain (Mamba2Settings); here the rules across fields
         if not s.dt_min <= s.dt_max:
-            fail("model.mamba2.dt_max", f"expected at least dt_min ({s.dt_min}), got {s.dt_max}")
+            fail("model.mamba2.dt_max", f"expected at least model.mamba2.dt_min ({s.dt_min}), got {s.dt_max}")
         low, high = s.A_init_range
         if not low <= high:
             fail("model.mamba2.A_init_range", f"expected low <= high, got {list(s.A_init_range)}")
