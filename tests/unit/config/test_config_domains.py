@@ -105,3 +105,13 @@ def test_every_numeric_field_declares_its_domain_and_every_default_lies_in_it():
     assert list(domain_problems(Config())) == []
     assert {"data.seed", "optimizer.betas", "curriculum.phases.tol", "model.mamba2.A_init_range",
             "model.llama.rope_theta"} <= {key for key, _, _ in _fields(Config)}
+
+
+def test_blending_weights_that_are_all_zero_are_refused():
+    """Each weight is in its domain (>= 0), but together they would read no prefix (a rule across them)."""
+    with pytest.raises(ConfigError) as info:
+        load_config(EXPLICIT, ["data.prefixes=[a, b]", "data.weights=[0, 0]"], check_files=False)
+    assert info.value.key == "data.weights"
+    assert info.value.message == "every weight is 0: at least one prefix must be read"
+    assert load_config(EXPLICIT, ["data.prefixes=[a, b]", "data.weights=[0, 1]"], check_files=False).data.weights == \
+        [0.0, 1.0]
