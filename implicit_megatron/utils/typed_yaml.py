@@ -74,6 +74,11 @@ def parse_yaml(text: str, source: str, key: str = "", what: str = "not valid YAM
     than Python converts, or nesting deeper than the parser's recursion)."""
     try:
         return yaml.load(text, Loader=_NoAliases)  # noqa: S506  # a SafeLoader without aliases
+    except yaml.MarkedYAMLError as err:  # one line: where in the text, and what
+        mark = err.problem_mark
+        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
+        raise ConfigError(source, key, f"{what}: {where}{'; '.join(p for p in (err.context, err.problem) if p)}") \
+            from None
     except (yaml.YAMLError, ValueError) as err:  # ValueError: an integer of over 4,300 digits
         raise ConfigError(source, key, f"{what}: {err}") from None
     except RecursionError:

@@ -79,7 +79,8 @@ def test_a_key_given_twice_in_one_mapping_is_refused_naming_the_file_line_and_ke
     path.write_text(f"base: {TINY}\n{text}")
     err = refused(path)
     assert err.source == str(path) and f"the key {key!r} is given twice in one mapping" in err.message
-    assert f"line {line + 1}," in err.message  # the second one (after the base line)
+    assert f"line {line + 1}, column " in err.message  # the second one (after the base line)
+    assert "\n" not in err.message  # one line: where, and what
     top = tmp_path / "top.yaml"
     top.write_text("base: twice.yaml\n")
     assert refused(top).source == str(path)  # in a base file too
