@@ -83,7 +83,7 @@ class Domain:
         wanted = " ".join(p for p in (noun, self.bounds()) if p)
         if inside:  # only too large for 64 bits
             wanted += " of at most 64 bits"
-        shown = value if not whole or abs(value) < 10**30 else f"an integer of {len(str(abs(value)))} digits"
+        shown = value if not whole or abs(value) < 10**30 else huge_integer(int(value))
         return f"expected {wanted}{f' ({self.unit})' if self.unit else ''}, got {shown}"
 
 
@@ -135,6 +135,12 @@ def domain_problems(obj: Any, prefix: str = "") -> Iterator[tuple[str, str]]:
             for i, item in enumerate(value):
                 if dataclasses.is_dataclass(item):
                     yield from domain_problems(item, f"{key}[{i}].")
+
+
+def huge_integer(value: int) -> str:
+    """An integer too long to show, by its size (Python writes out no more than 4,300 digits)."""
+    return f"an integer of {len(str(abs(value)))} digits" if value.bit_length() < 14_000 else \
+        f"an integer of {value.bit_length()} bits"
 
 
 def _number(value: float) -> str:

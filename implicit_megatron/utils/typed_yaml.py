@@ -19,7 +19,7 @@ from typing import Any, Literal, Union
 
 import yaml
 
-from implicit_megatron.utils.domains import field_problems
+from implicit_megatron.utils.domains import field_problems, huge_integer
 
 BASE_KEY = "base"
 _YAML12_FLOAT = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+")
@@ -338,8 +338,8 @@ def coerce(tp: Any, value: Any, sources: dict[str, str], dotted: str) -> Any:
             try:
                 return float(value)
             except OverflowError:  # an integer beyond any float
-                raise ConfigError(source_of(sources, dotted), dotted, f"expected a finite number, got an integer "
-                                                                      f"of {len(str(abs(value)))} digits") from None
+                raise ConfigError(source_of(sources, dotted), dotted,
+                                  f"expected a finite number, got {huge_integer(int(value))}") from None
         if isinstance(value, str) and _YAML12_FLOAT.fullmatch(value):  # 1e-4: a float in YAML 1.2, not in 1.1
             return float(value)
     elif tp is str:
