@@ -122,13 +122,7 @@ def validate_output(cfg: Config, fail) -> None:
 def validate_word_problem(cfg: Config, fail) -> None:
     from data_pipeline.synthetic.algebra import get_algebra
 
-    w = cfg.task.word_problem
-    for key in ("p", "eval_p"):
-        value = getattr(w, key)
-        if value is not None and not 0 <= value <= 1:
-            fail(f"task.word_problem.{key}", f"expected a probability in [0, 1] or null, got {value}")
-    if w.eval_words < 1 or any(length < 1 for length in w.eval_lengths):
-        fail("task.word_problem.eval_words", "evaluation sets need at least one word of at least one element")
+    w = cfg.task.word_problem  # p, eval_p, eval_words and eval_lengths: their domains (config.schema)
     try:
         size = get_algebra(w.algebra).size
     except ValueError as err:

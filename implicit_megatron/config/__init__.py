@@ -1,6 +1,6 @@
 """Typed run configuration: YAML files (with `base:`), dotted overrides, validation.
 
-    schema.py     every key, its type and default, as dataclasses
+    schema.py     every key, its type, domain (utils.domains) and default, as dataclasses
     plan.py       the curriculum's phases over a run's steps (phase_bounds, run_bounds, plan_phases)
     reading.py    read_config: a YAML file, its `base:` chain and overrides, then the rules
     rules.py      the config's own rules across fields (shapes, solver, curriculum, batches)

@@ -11,7 +11,10 @@ from typing import Literal, get_args, get_type_hints
 
 from implicit_megatron.models.llama.spec import LlamaSettings
 from implicit_megatron.models.mamba2.spec import Mamba2Settings
+from implicit_megatron.utils.domains import PROBABILITY, SEED, domain
 from implicit_megatron.utils.typed_yaml import to_dict
+
+MAX_MINUTES = 525_600.0  # a year: the longest wait a timeout may name (threads and timedelta take no more)
 
 # --------------------------------------------------------------------------- sections
 
@@ -19,17 +22,18 @@ from implicit_megatron.utils.typed_yaml import to_dict
 @dataclass
 class ModelConfig:
     arch: Literal["mamba2", "llama"] = "mamba2"  # the backbone (models.registry): its block, and its section below
-    d_model: int = 768  # width of the residual stream (Table 6)
-    n_layers: int = 24  # blocks in one application of the backbone F (Table 6)
-    vocab_size: int = 50277  # the GPT-NeoX-20B tokenizer
-    pad_vocab_multiple: int = 1  # Mamba2 recipe: 16
-    norm_eps: float = 1e-5  # epsilon of every RMSNorm
-    init_std: float = 0.02  # the embedding's (and, with init: default, Llama's Linear layers')
+    d_model: int = domain(768, gt=0)  # width of the residual stream (Table 6)
+    n_layers: int = domain(24, gt=0)  # blocks in one application of the backbone F (Table 6)
+    vocab_size: int = domain(50277, gt=0)  # the GPT-NeoX-20B tokenizer
+    pad_vocab_multiple: int = domain(1, gt=0)  # Mamba2 recipe: 16
+    norm_eps: float = domain(1e-5, gt=0)  # epsilon of every RMSNorm
+    init_std: float = domain(0.02, ge=0)  # the embedding's (and, with init: default, Llama's Linear layers')
     # default: mamba_ssm's init for Mamba2, GPT-2/Megatron's N(0, init_std) for Llama; released: the
     # released models' (PyTorch's default Linear init, residual rescale only without weight norm)
     init: Literal["default", "released"] = "default"
     residual_in_fp32: bool = False  # each block's residual sum in at least float32 (the released models)
-    embedding_dropout: float = 0.0  # dropout on the embeddings in training (the released state-tracking model: 0.05)
+    # dropout on the embeddings in training (the released state-tracking model: 0.05)
+    embedding_dropout: float = domain(0.0, ge=0, lt=1, what="a probability")
     tie_embeddings: bool = True  # the output head reads the embedding's weights
     use_kernels: bool = True  # fused mamba_ssm / causal_conv1d / flash-attn when importable and on GPU
     separate_documents: bool = False  # packed documents share no state or attention (paper: off)
@@ -44,9 +48,9 @@ class ModelConfig:
 @dataclass
 class AndersonSettings:
     enabled: bool = False  # Anderson acceleration of the solver's passes instead of plain ones
-    window: int = 5  # past iterates the Anderson step mixes
-    regularization: float = 1e-4  # ridge term of its least-squares solve
-    mixing: float = 1.0  # beta of the Anderson update
+    window: int = domain(5, gt=0)  # past iterates the Anderson step mixes
+    regularization: float = domain(1e-4, ge=0)  # ridge term of its least-squares solve
+    mixing: float = domain(1.0, gt=0)  # beta of the Anderson update
 
 
 @dataclass
@@ -56,18 +60,20 @@ class SolverSettings:
     implicit core holds one and a phase replaces its keys; implicit.iteration's stop rules are made
     from it."""
 
-    max_iter: int = 4  # s: the cap on passes without gradient (a phase of the curriculum sets its own)
-    tol: float | None = None  # None: a bounded phase, exactly max_iter passes
-    phantom_steps: int = 1  # k: damped passes with gradient after the solve
-    damping: float = 0.8  # lambda of the phantom step z <- (1-l) z + l F(z)
-    eval_factor: int = 4  # evaluation caps the passes at max_iter * eval_factor
-    eval_max_iter: int | None = None  # the evaluation cap itself, instead (released: eval_f_max_iter)
+    # s: the cap on passes without gradient (a phase of the curriculum sets its own)
+    max_iter: int = domain(4, ge=1, unit="passes")
+    tol: float | None = domain(None, gt=0, what="a tolerance")  # None: a bounded phase, exactly max_iter passes
+    phantom_steps: int = domain(1, ge=1, unit="passes")  # k: damped passes with gradient after the solve
+    damping: float = domain(0.8, gt=0, le=1)  # lambda of the phantom step z <- (1-l) z + l F(z)
+    eval_factor: int = domain(4, ge=1)  # evaluation caps the passes at max_iter * eval_factor
+    # the evaluation cap itself, instead (released: eval_f_max_iter)
+    eval_max_iter: int | None = domain(None, ge=1, unit="passes")
     # released: the paper's evaluation (damped passes, one stop test over the whole batch, a last
     # undamped pass; implicit.solver.solve_rule); solver: the training solver's own passes
     eval_rule: Literal["released", "solver"] = "released"
     # A bounded phase's evaluation stops at eval_tol (as the released (4+1) models are evaluated);
     # null evaluates it at its fixed depth max_iter. Free phases evaluate at their own tol.
-    eval_tol: float | None = 0.05
+    eval_tol: float | None = domain(0.05, gt=0, what="a tolerance")
     # simultaneous-mode evaluation: token = each position stops at its own residual, so a position's
     # result depends on the tokens up to it alone (not on the batch, padding or what follows);
     # sequence = each sequence stops at its own residual; batch = the released code's one stop test
@@ -116,9 +122,9 @@ class DataConfig:
     # tokenizer.json[.xz], sentencepiece .model, or a folder holding one
     tokenizer: str = "data/tokenizers/gpt-neox-20b.json.xz"
     prefixes: list[str] = field(default_factory=list)  # shard prefixes, read as {prefix}_{split}
-    weights: list[float] | None = None  # blending weights, one per prefix
-    seq_len: int = 2048  # tokens per training sample
-    seed: int = 1234  # seed of the sample order (and of the word problem's words)
+    weights: list[float] | None = domain(None, ge=0)  # blending weights, one per prefix
+    seq_len: int = domain(2048, gt=0, unit="tokens")  # tokens per training sample
+    seed: int = domain(1234, **SEED)  # seed of the sample order (and of the word problem's words)
     source: str | None = None  # raw text to build missing shards from (the quickstart corpus)
     # train although data.tokenizer is not the tokenizer the shards were built with (their _stats.json)
     allow_tokenizer_mismatch: bool = False
@@ -136,10 +142,11 @@ class WordProblemConfig:
     with their prefix products at every position; made on the fly from data.seed."""
 
     algebra: str = "Ma_A5"  # S5, A5, S3, A4, Z<m> (Z2: parity), or Ma_<group> (data_pipeline.synthetic.algebra)
-    p: float | None = 0.1  # probability that a token's group part is not the identity; None: uniform over G
-    eval_p: float | None = 0.5  # the out-of-distribution evaluation (paper: 0.5)
-    eval_lengths: list[int] = field(default_factory=list)  # longer words, evaluated at p
-    eval_words: int = 256  # words per evaluation set
+    # probability that a token's group part is not the identity; None: uniform over G
+    p: float | None = domain(0.1, **PROBABILITY)
+    eval_p: float | None = domain(0.5, **PROBABILITY)  # the out-of-distribution evaluation (paper: 0.5)
+    eval_lengths: list[int] = domain(default_factory=list, gt=0)  # longer words, evaluated at p
+    eval_words: int = domain(256, gt=0)  # words per evaluation set
     # released: p and eval_p as the released data script writes them (the probability that a token's
     # group part is forced to the identity, otherwise uniform over G): read as (1 - p)(|G| - 1)/|G|
     p_convention: Literal["paper", "released"] = "paper"
@@ -164,20 +171,22 @@ class TaskConfig:
 
 @dataclass
 class OptimizerConfig:
-    lr: float = 3e-3  # peak learning rate of AdamW
-    betas: tuple[float, float] = (0.9, 0.95)  # AdamW's betas
-    eps: float = 1e-8  # AdamW's epsilon
-    weight_decay: float = 0.1  # decoupled weight decay, except on norms, biases, embeddings, A_log, D, dt_bias
-    grad_clip: float = 1.0  # global gradient norm clipping (0: off)
+    lr: float = domain(3e-3, gt=0)  # peak learning rate of AdamW
+    betas: tuple[float, float] = domain((0.9, 0.95), ge=0, lt=1)  # AdamW's betas
+    eps: float = domain(1e-8, gt=0)  # AdamW's epsilon
+    # decoupled weight decay, except on norms, biases, embeddings, A_log, D, dt_bias
+    weight_decay: float = domain(0.1, ge=0)
+    grad_clip: float = domain(1.0, ge=0)  # global gradient norm clipping (0: off)
 
 
 @dataclass
 class ScheduleConfig:
     """Linear warmup -> constant -> 1 - sqrt cooldown to min_lr (over the whole curriculum)."""
 
-    warmup_steps: int = 2000  # linear warmup from 0 to optimizer.lr
-    cooldown_start: float = 0.9  # fraction of train.steps (Llama: start of the free phase)
-    min_lr: float = 1e-5  # where the cooldown ends
+    warmup_steps: int = domain(2000, ge=0, unit="steps")  # linear warmup from 0 to optimizer.lr
+    # fraction of train.steps (Llama: start of the free phase)
+    cooldown_start: float = domain(0.9, ge=0, le=1, what="a fraction")
+    min_lr: float = domain(1e-5, ge=0)  # where the cooldown ends
     cooldown: Literal["sqrt", "linear", "cosine"] = "sqrt"  # the shape of the decay to min_lr
 
 
@@ -185,24 +194,24 @@ class ScheduleConfig:
 class PhaseLaunchConfig:
     """How launch/curriculum.sh starts a phase; unset values keep the environment's (NUM_NODES, ...)."""
 
-    num_nodes: int | None = None  # nodes of this phase's launch
-    processes_per_node: int | None = None  # GPUs per node; CPU processes where there is no GPU
+    num_nodes: int | None = domain(None, gt=0)  # nodes of this phase's launch
+    processes_per_node: int | None = domain(None, gt=0)  # GPUs per node; CPU processes where there is no GPU
     hostfile: str | None = None  # DeepSpeed hostfile of this phase's launch
 
 
 @dataclass
 class PhaseConfig:
-    name: str  # the phase's name (checkpoint tags are <name>-step<N>)
+    name: str = domain(name=True)  # the phase's name (checkpoint tags are <name>-step<N>)
     # bounded: exactly max_iter passes; free: stops at tol; unrolled: the released warm-up, F(0) then
     # max_iter - 1 damped passes with backpropagation through all of them (phantom_steps 0)
-    kind: Literal["bounded", "free", "unrolled"]
-    fraction: float  # share of train.steps
-    max_iter: int  # s: passes without gradient (the cap in a free phase)
-    phantom_steps: int  # k: damped passes with gradient
-    tol: float | None = None  # required in a free phase, forbidden in a bounded one
+    kind: Literal["bounded", "free", "unrolled"] = domain()
+    fraction: float = domain(gt=0, le=1, what="a fraction")  # share of train.steps
+    max_iter: int = domain(ge=1, unit="passes")  # s: passes without gradient (the cap in a free phase)
+    phantom_steps: int = domain(ge=0, unit="passes")  # k: damped passes with gradient
+    tol: float | None = domain(None, gt=0, what="a tolerance")  # required in a free phase, forbidden in a bounded one
     # A phase run as a launch of its own (curriculum.run_phase) may change these:
     zero_stage: Literal[0, 1, 2, 3] | None = None  # replaces distributed.zero_stage
-    micro_batch_size: int | None = None  # replaces train.micro_batch_size
+    micro_batch_size: int | None = domain(None, gt=0)  # replaces train.micro_batch_size
     launch: PhaseLaunchConfig = field(default_factory=PhaseLaunchConfig)
 
     def solver_keys(self) -> dict:
@@ -226,17 +235,19 @@ class DistributedConfig:
     backend: Literal["auto", "nccl", "gloo"] = "auto"  # torch.distributed backend; auto: nccl with GPUs, gloo without
     # the longest a rank may give no sign of life (stopped, hung, cut off) before the stall watch ends the job
     # naming it: the one judge of a stall. A living rank's step, validation or save may take any time
-    timeout_minutes: float = 10.0
+    timeout_minutes: float = domain(10.0, gt=0, le=MAX_MINUTES, unit="minutes")
     # the backstop above the watch: the longest one collective or rendezvous-store call waits (living ranks
     # that never meet, which no heartbeat shows), and how long the watch waits for a store that does not
     # answer (a suspended launcher, a lost host) before it ends the job
-    collective_timeout_minutes: float = 1440.0
+    collective_timeout_minutes: float = domain(1440.0, gt=0, le=MAX_MINUTES, unit="minutes")
 
 
 @dataclass
 class CheckpointConfig:
-    interval: int = 1000  # steps between checkpoints (and one at each phase's end and the run's)
-    keep_last: int = 3  # checkpoints kept (besides the best-validated and a diverging run's last good one)
+    # steps between checkpoints (and one at each phase's end and the run's)
+    interval: int = domain(1000, gt=0, unit="steps")
+    # checkpoints kept (besides the best-validated and a diverging run's last good one)
+    keep_last: int = domain(3, ge=0)
     load: str | None = None  # start from this checkpoint folder (phase handoff, fine-tuning)
     load_optimizer: bool = True  # restore the optimizer state from the checkpoint started from
     load_data_state: bool = True  # restore the data position at a handoff or load (a resume always does)
@@ -244,7 +255,7 @@ class CheckpointConfig:
     # a damaged newest checkpoint (or `latest`): resume from the newest complete one, or refuse
     on_damaged: Literal["fallback", "fail"] = "fallback"
     # no checkpoint at a step whose loss exceeds this factor x the mean of the previous 20 steps' (null: off)
-    max_loss_jump: float | None = 4.0
+    max_loss_jump: float | None = domain(4.0, gt=1)
     # load checkpoint files that need more than the weights-only unpickler (their pickles may run code)
     trust_pickle: bool = False
     # resume from a tag in this run's checkpoints that another run saved, or whose step is not its name's
@@ -262,7 +273,8 @@ class WandbConfig:
 class TrackingConfig:
     enabled: bool = True  # MLflow
     uri: str | None = None  # None: MLFLOW_TRACKING_URI, else a local sqlite store in train.output_dir
-    experiment: str = "implicit-megatron"  # MLflow experiment name (unset: MLFLOW_EXPERIMENT_NAME, else this)
+    # MLflow experiment name (unset: MLFLOW_EXPERIMENT_NAME, else this)
+    experiment: str = domain("implicit-megatron", name=True)
     # CPU, memory, disk, network and GPU use as MLflow system metrics (MLFLOW_ENABLE_SYSTEM_METRICS_LOGGING too)
     system_metrics: bool = False
     tensorboard: bool = False  # every metric also into <output_dir>/tensorboard/ (rank 0)
@@ -272,24 +284,29 @@ class TrackingConfig:
 @dataclass
 class TrainConfig:
     output_dir: str | None = None  # None: runs/<name>
-    steps: int = 1000  # optimizer steps over the whole curriculum
-    global_batch_size: int = 512  # sequences per optimizer step (512 x 2048 = 1M tokens)
-    micro_batch_size: int = 8  # sequences per forward on one process (accumulation makes up the global batch)
-    log_interval: int = 10  # steps per log line and metrics record
-    eval_interval: int = 1000  # steps between validations (and one at the end)
-    eval_samples: int = 160  # validation windows per evaluation, whatever the micro batch and world size
-    seed: int = 1234  # seed of initialisation and dropout
-    max_nonfinite_in_row: int = 10  # non-finite steps in a row that stop the run (exit 1)
-    warn_unconverged_intervals: int = 5  # warn when no solve converged in this many log intervals (0: never)
-    peak_tflops: float | None = None  # per device, for MFU; None: looked up from the GPU's name
+    steps: int = domain(1000, gt=0)  # optimizer steps over the whole curriculum
+    global_batch_size: int = domain(512, gt=0)  # sequences per optimizer step (512 x 2048 = 1M tokens)
+    # sequences per forward on one process (accumulation makes up the global batch)
+    micro_batch_size: int = domain(8, gt=0)
+    log_interval: int = domain(10, gt=0, unit="steps")  # steps per log line and metrics record
+    eval_interval: int = domain(1000, gt=0, unit="steps")  # steps between validations (and one at the end)
+    # validation windows per evaluation, whatever the micro batch and world size
+    eval_samples: int = domain(160, ge=0)
+    seed: int = domain(1234, **SEED)  # seed of initialisation and dropout
+    max_nonfinite_in_row: int = domain(10, ge=1)  # non-finite steps in a row that stop the run (exit 1)
+    # warn when no solve converged in this many log intervals (0: never)
+    warn_unconverged_intervals: int = domain(5, ge=0)
+    # per device, for MFU; None: looked up from the GPU's name
+    peak_tflops: float | None = domain(None, gt=0, unit="TFLOP/s")
     compile: bool = False  # torch.compile each backbone block (Backbone.compile_blocks)
     timers: bool = False  # log where a step's time goes; synchronises the device between sections
-    exit_after_minutes: float | None = None  # save and stop (exit 0, run-end.json: stopped) this long after start
+    # save and stop (exit 0, run-end.json: stopped) this long after start
+    exit_after_minutes: float | None = domain(None, gt=0, le=MAX_MINUTES, unit="minutes")
 
 
 @dataclass
 class Config:
-    name: str = "run"  # the run's name: runs/<name> unless train.output_dir
+    name: str = domain("run", name=True)  # the run's name: runs/<name> unless train.output_dir
     model: ModelConfig = field(default_factory=ModelConfig)
     implicit: ImplicitConfig = field(default_factory=ImplicitConfig)
     data: DataConfig = field(default_factory=DataConfig)

@@ -23,12 +23,18 @@ class LaunchError(Exception):
     """A launch refused before any process starts; the message names the variable or file."""
 
 
+MOST = {"MASTER_PORT": 65535}  # a TCP port is 1..65535 (0: any, which the other nodes cannot know)
+
+
 def whole_number(environ: dict[str, str], name: str, prog: str = PROG, least: int = 1) -> int | None:
-    """The count `name` holds (None: not set), refused by name unless a whole number >= `least`."""
+    """The count `name` holds (None: not set), refused by name unless a whole number >= `least` (and
+    a port, MASTER_PORT, at most 65535)."""
     value = environ.get(name) or None
     if value is not None and not (value.isdigit() and int(value) >= least):
         raise LaunchError(f"{prog}: {name}={shlex.quote(value)} is not a whole number"
                           + (f" of at least {least}" if least else ""))
+    if value is not None and name in MOST and int(value) > MOST[name]:
+        raise LaunchError(f"{prog}: {name}={value} is not a port: a whole number from 1 to {MOST[name]}")
     return None if value is None else int(value)
 
 

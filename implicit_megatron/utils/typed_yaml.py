@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import functools
 import os
 import re
 import stat
@@ -17,6 +18,8 @@ from pathlib import Path
 from typing import Any, Literal, Union
 
 import yaml
+
+from implicit_megatron.utils.domains import field_problems, huge_integer
 
 BASE_KEY = "base"
 _YAML12_FLOAT = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+")
@@ -36,11 +39,13 @@ class ConfigError(ValueError):
 
 MAX_CONFIG_BYTES = 1 << 20  # a config is a few KB: a larger file is refused before it is read whole
 MAX_BASE_DEPTH = 32  # files in one `base:` chain
+MAX_BASE_READS = 32  # files read for one config in all, a file named twice counted twice (a fan-out of bases)
 
 
 class _NoAliases(yaml.SafeLoader):
     """YAML without aliases (`*name`): a few hundred bytes of nested aliases expand to gigabytes
-    when the config is walked. No config needs them; anchors alone are harmless."""
+    when the config is walked. No config needs them; anchors alone are harmless. And without a key
+    twice in one mapping, which YAML forbids and PyYAML reads as the last one, silently."""
 
     def compose_node(self, parent, index):
         if self.check_event(yaml.AliasEvent):
@@ -48,29 +53,57 @@ class _NoAliases(yaml.SafeLoader):
                                               self.peek_event().start_mark)
         return super().compose_node(parent, index)
 
+    def construct_mapping(self, node: yaml.Node, deep: bool = False) -> dict:
+        if isinstance(node, yaml.MappingNode):
+            seen: dict = {}
+            for key_node, _ in node.value:
+                key = self.construct_object(key_node, deep=True)
+                try:
+                    first = seen.setdefault(key, key_node.start_mark)
+                except TypeError:  # an unhashable key: the constructor names it
+                    continue
+                if first is not key_node.start_mark:
+                    raise yaml.constructor.ConstructorError(
+                        None, None, f"the key {key!r} is given twice in one mapping (first on line {first.line + 1})",
+                        key_node.start_mark)
+        return super().construct_mapping(node, deep)
+
 
 def parse_yaml(text: str, source: str, key: str = "", what: str = "not valid YAML") -> Any:
     """`text` as YAML, or a ConfigError naming `source` and `key` (also for an integer of more digits
     than Python converts, or nesting deeper than the parser's recursion)."""
     try:
         return yaml.load(text, Loader=_NoAliases)  # noqa: S506  # a SafeLoader without aliases
+    except yaml.MarkedYAMLError as err:  # one line: where in the text, and what
+        mark = err.problem_mark
+        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
+        raise ConfigError(source, key, f"{what}: {where}{'; '.join(p for p in (err.context, err.problem) if p)}") \
+            from None
     except (yaml.YAMLError, ValueError) as err:  # ValueError: an integer of over 4,300 digits
         raise ConfigError(source, key, f"{what}: {err}") from None
     except RecursionError:
         raise ConfigError(source, key, f"{what}: nested too deeply") from None
 
 
-def read_yaml_chain(path: str | os.PathLike, _seen: tuple[Path, ...] = ()) -> tuple[dict, dict[str, str]]:
+def read_yaml_chain(path: str | os.PathLike, _seen: tuple[Path, ...] = (),
+                    _reads: list[Path] | None = None) -> tuple[dict, dict[str, str]]:
     """Read a YAML file and the chain of files it extends through `base:`.
 
-    Returns the merged mapping and, for every leaf key (dotted), the file that set it.
+    Returns the merged mapping and, for every leaf key (dotted), the file that set it. At most
+    MAX_BASE_DEPTH files in one chain and MAX_BASE_READS reads in all (`_reads`: those so far).
     """
     path = Path(path).resolve()
+    reads = [] if _reads is None else _reads
     if path in _seen:
         chain = " -> ".join(str(p) for p in (*_seen, path))
         raise ConfigError(str(path), BASE_KEY, f"circular base chain: {chain}")
     if len(_seen) >= MAX_BASE_DEPTH:
         raise ConfigError(str(_seen[-1]), BASE_KEY, f"a base chain of more than {MAX_BASE_DEPTH} files")
+    if len(reads) >= MAX_BASE_READS:
+        chain = " -> ".join(str(p) for p in (*_seen, path))
+        raise ConfigError(str(_seen[-1]), BASE_KEY, f"more than {MAX_BASE_READS} files to read in all (a base named "
+                                                    f"more than once is read each time), at {chain}")
+    reads.append(path)
     data = parse_yaml(config_text(path), str(path)) or {}
     if not isinstance(data, dict):
         raise ConfigError(str(path), "", f"expected a mapping at the top level, got {type(data).__name__}")
@@ -79,7 +112,7 @@ def read_yaml_chain(path: str | os.PathLike, _seen: tuple[Path, ...] = ()) -> tu
     sources: dict[str, str] = {}
     bases = data.pop(BASE_KEY, None)
     for base in [bases] if isinstance(bases, str) else (bases or []):
-        base_data, base_sources = read_yaml_chain(path.parent / base, (*_seen, path))
+        base_data, base_sources = read_yaml_chain(path.parent / base, (*_seen, path), reads)
         merged, sources = merge(merged, sources, base_data, base_sources)
     own_sources = {key: str(path) for key in leaf_keys(data)}
     return merge(merged, sources, data, own_sources)
@@ -233,7 +266,7 @@ def build_dataclass(cls: type, data: dict, sources: dict[str, str], prefix: str 
     if not isinstance(data, dict):
         raise ConfigError(source_of(sources, prefix.rstrip(".")), prefix.rstrip("."),
                           f"expected a mapping for {cls.__name__}, got {type(data).__name__}")
-    hints = typing.get_type_hints(cls)
+    hints = _type_hints(cls)
     names = [f.name for f in dataclasses.fields(cls) if f.init]
     for key in data:
         if key not in names:
@@ -250,7 +283,16 @@ def build_dataclass(cls: type, data: dict, sources: dict[str, str], prefix: str 
         raise ConfigError(source_of(sources, where), where or cls.__name__,
                           f"missing required key(s) {', '.join(missing)} of {cls.__name__}")
     kwargs = {key: coerce(hints[key], value, sources, f"{prefix}{key}") for key, value in data.items()}
+    for f in (f for f in dataclasses.fields(cls) if f.name in kwargs):  # each in its domain (utils.domains)
+        for key, problem in field_problems(f, kwargs[f.name], f"{prefix}{f.name}"):
+            raise ConfigError(source_of(sources, key), key, problem)
     return cls(**kwargs)
+
+
+@functools.cache
+def _type_hints(cls: type) -> dict[str, Any]:
+    """A dataclass's field types, evaluated once (evaluating its annotations was most of a read)."""
+    return typing.get_type_hints(cls)
 
 
 def coerce(tp: Any, value: Any, sources: dict[str, str], dotted: str) -> Any:
@@ -293,7 +335,11 @@ def coerce(tp: Any, value: Any, sources: dict[str, str], dotted: str) -> Any:
             return value
     elif tp is float:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
+            try:
+                return float(value)
+            except OverflowError:  # an integer beyond any float
+                raise ConfigError(source_of(sources, dotted), dotted,
+                                  f"expected a finite number, got {huge_integer(int(value))}") from None
         if isinstance(value, str) and _YAML12_FLOAT.fullmatch(value):  # 1e-4: a float in YAML 1.2, not in 1.1
             return float(value)
     elif tp is str:

@@ -9,15 +9,16 @@ from dataclasses import dataclass
 from typing import Any
 
 from implicit_megatron.models.spec import BackboneSpec, Fail, Refuse
+from implicit_megatron.utils.domains import domain
 
 
 @dataclass
 class LlamaSettings:
-    n_heads: int = 12  # attention heads
-    n_kv_heads: int | None = None  # None = n_heads (plain multi-head attention)
-    ffn_dim: int | None = None  # None = 8/3 * d_model rounded up to ffn_multiple_of (Llama recipe)
-    ffn_multiple_of: int = 256  # the MLP width is rounded up to a multiple of this
-    rope_theta: float = 10000.0  # RoPE base frequency
+    n_heads: int = domain(12, gt=0)  # attention heads
+    n_kv_heads: int | None = domain(None, gt=0)  # None = n_heads (plain multi-head attention)
+    ffn_dim: int | None = domain(None, gt=0)  # None = 8/3 * d_model rounded up to ffn_multiple_of (Llama recipe)
+    ffn_multiple_of: int = domain(256, gt=0)  # the MLP width is rounded up to a multiple of this
+    rope_theta: float = domain(10000.0, gt=1)  # RoPE base frequency
     attention_bias: bool = False  # bias in q/k/v/o projections
 
     def mlp_width(self, d_model: int) -> int:
@@ -41,15 +42,11 @@ class LlamaSpec(BackboneSpec):
                             "mlp.w1.": "mlp.gate_proj.", "mlp.w3.": "mlp.up_proj.", "mlp.fc2.": "mlp.down_proj."}
 
     def check(self, settings: Any, d_model: int, fail: Fail) -> None:
-        s = settings
-        if not s.n_heads > 0:
-            fail("model.llama.n_heads", f"expected a positive finite value, got {s.n_heads}")
+        s = settings  # each field's own range is its domain (LlamaSettings); here the rules across fields
         if d_model % s.n_heads or (d_model // s.n_heads) % 2:
             fail("model.llama.n_heads", f"d_model {d_model} must split into n_heads {s.n_heads} heads "
                                         "of even size (RoPE rotates pairs)")
-        if not 1 < s.rope_theta < math.inf:  # the base of RoPE's frequencies
-            fail("model.llama.rope_theta", f"expected a finite value above 1, got {s.rope_theta}")
-        if s.n_kv_heads is not None and (s.n_kv_heads <= 0 or s.n_heads % s.n_kv_heads):
+        if s.n_kv_heads is not None and s.n_heads % s.n_kv_heads:
             fail("model.llama.n_kv_heads", f"must divide n_heads {s.n_heads}, got {s.n_kv_heads}")
 
     def build_layer(self, cfg: Any, index: int, device=None, dtype=None) -> Any:

@@ -3,30 +3,30 @@ in transformers' Mamba2 and mamba_ssm folders and in the released implicit_mamba
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, cast
 
 from implicit_megatron.models.spec import BackboneSpec, Fail, Refuse
+from implicit_megatron.utils.domains import domain
 
 
 @dataclass
 class Mamba2Settings:
     """mamba_ssm's Mamba2 constructor keywords (same names, same defaults)."""
 
-    d_state: int = 128  # SSM state size per head (N)
-    d_conv: int = 4  # width of the causal depthwise convolution
-    expand: int = 2  # d_inner = expand x d_model
-    headdim: int = 64  # channels per SSM head (nheads = d_inner / headdim)
-    ngroups: int = 1  # groups sharing B and C (as attention's key-value groups)
-    chunk_size: int = 256  # chunk length of the SSD scan (a speed setting; the function is the same)
+    d_state: int = domain(128, gt=0)  # SSM state size per head (N)
+    d_conv: int = domain(4, gt=0)  # width of the causal depthwise convolution
+    expand: int = domain(2, gt=0)  # d_inner = expand x d_model
+    headdim: int = domain(64, gt=0)  # channels per SSM head (nheads = d_inner / headdim)
+    ngroups: int = domain(1, gt=0)  # groups sharing B and C (as attention's key-value groups)
+    chunk_size: int = domain(256, gt=0)  # chunk length of the SSD scan (a speed setting; the function is the same)
     conv_bias: bool = True  # bias in the convolution
     bias: bool = False  # bias in in_proj and out_proj
-    dt_min: float = 0.001  # smallest initial step size dt
-    dt_max: float = 0.1  # largest initial step size dt
-    dt_init_floor: float = 1e-4  # floor of the initial dt
-    A_init_range: tuple[float, float] = (1.0, 16.0)  # range of the initial -A (A = -exp(A_log))
+    dt_min: float = domain(0.001, gt=0)  # smallest initial step size dt
+    dt_max: float = domain(0.1, gt=0)  # largest initial step size dt
+    dt_init_floor: float = domain(1e-4, gt=0)  # floor of the initial dt
+    A_init_range: tuple[float, float] = domain((1.0, 16.0), gt=0)  # range of the initial -A (A = -exp(A_log))
 
     def inner_width(self, d_model: int) -> int:
         """d_inner = expand x d_model."""
@@ -65,20 +65,12 @@ class Mamba2Spec(BackboneSpec):
                                                     "mixer.out_proj.")}
 
     def check(self, settings: Any, d_model: int, fail: Fail) -> None:
-        s = settings
-        for key in ("d_state", "d_conv", "expand", "headdim", "ngroups", "chunk_size"):
-            value = getattr(s, key)
-            if not value > 0 or value == math.inf:
-                fail(f"model.mamba2.{key}", f"expected a positive finite value, got {value}")
-        for key in ("dt_min", "dt_max", "dt_init_floor"):  # their logarithms start dt
-            value = getattr(s, key)
-            if not value > 0 or value == math.inf:
-                fail(f"model.mamba2.{key}", f"expected a positive finite value, got {value}")
+        s = settings  # each field's own range is its domain (Mamba2Settings); here the rules across fields
         if not s.dt_min <= s.dt_max:
-            fail("model.mamba2.dt_max", f"expected at least dt_min ({s.dt_min}), got {s.dt_max}")
+            fail("model.mamba2.dt_max", f"expected at least model.mamba2.dt_min ({s.dt_min}), got {s.dt_max}")
         low, high = s.A_init_range
-        if not 0 < low <= high < math.inf:
-            fail("model.mamba2.A_init_range", f"expected 0 < low <= high (finite), got {list(s.A_init_range)}")
+        if not low <= high:
+            fail("model.mamba2.A_init_range", f"expected low <= high, got {list(s.A_init_range)}")
         inner = s.inner_width(d_model)
         if inner % s.headdim:
             fail("model.mamba2.headdim", f"expand*d_model = {inner} is not divisible by headdim {s.headdim}")

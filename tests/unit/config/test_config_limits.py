@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from implicit_megatron import load_config
-from implicit_megatron.utils.typed_yaml import MAX_BASE_DEPTH, MAX_CONFIG_BYTES, ConfigError
+from implicit_megatron.utils.typed_yaml import MAX_BASE_DEPTH, MAX_BASE_READS, MAX_CONFIG_BYTES, ConfigError
 
 TINY = Path(__file__).resolve().parents[3] / "configs" / "tiny" / "mamba2-implicit.yaml"
 
@@ -56,6 +56,37 @@ def test_a_long_base_chain_and_a_large_file_are_refused_before_they_are_read(tmp
         out.write(f"base: {TINY}\n#" + "x" * MAX_CONFIG_BYTES + "\n")
     err = refused(large)
     assert err.source == str(large) and f"a config is at most {MAX_CONFIG_BYTES}" in str(err)
+
+
+def test_a_fan_out_of_bases_is_refused_by_the_reads_in_all_not_only_the_depth(tmp_path):
+    """Each file naming the next one 4 times: 4 levels deep (within the depth limit), 4^4 reads of the
+    last (the issue's 12 times took minutes at this depth; 4 keep this test short with the bound taken away)."""
+    (tmp_path / "f4.yaml").write_text(f"base: {TINY}\n")
+    for level in range(3, -1, -1):
+        (tmp_path / f"f{level}.yaml").write_text(f"base: [{', '.join([f'f{level + 1}.yaml'] * 4)}]\n")
+    err = refused(tmp_path / "f0.yaml")
+    assert err.key == "base" and f"more than {MAX_BASE_READS} files to read in all" in err.message
+    assert f"{tmp_path / 'f0.yaml'} -> {tmp_path / 'f1.yaml'}" in err.message  # the chain where it stopped
+    assert load_config(TINY, check_files=False).name  # the project's own chains read far fewer
+
+
+@pytest.mark.parametrize("text, line, key", [
+    ("train:\n  steps: 20\n  log_interval: 1\n  steps: 40\n", 4, "steps"),
+    ("name: a\ntrain: {steps: 2}\nname: b\n", 3, "name"),
+    ("curriculum:\n  phases:\n    - {name: x, kind: bounded, fraction: 1, max_iter: 2, max_iter: 3}\n", 3,
+     "max_iter")])
+def test_a_key_given_twice_in_one_mapping_is_refused_naming_the_file_line_and_key(tmp_path, text, line, key):
+    path = tmp_path / "twice.yaml"
+    path.write_text(f"base: {TINY}\n{text}")
+    err = refused(path)
+    assert err.source == str(path) and f"the key {key!r} is given twice in one mapping" in err.message
+    assert f"line {line + 1}, column " in err.message  # the second one (after the base line)
+    assert "\n" not in err.message  # one line: where, and what
+    top = tmp_path / "top.yaml"
+    top.write_text("base: twice.yaml\n")
+    assert refused(top).source == str(path)  # in a base file too
+    err = refused(TINY, "train={steps: 2, steps: 3}")
+    assert err.source == "command line" and "the key 'steps' is given twice" in err.message
 
 
 def test_an_override_without_a_key_is_named():

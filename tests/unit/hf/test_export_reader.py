@@ -37,18 +37,17 @@ def edit_config(folder: Path, section: str, key: str, value) -> None:
 
 def n_layers_zero(folder: Path) -> str:
     edit_config(folder, "model", "n_layers", 0)
-    return f"{folder / 'config.json'}: implicit_megatron.model.n_layers: expected a positive finite value, got 0"
+    return f"{folder / 'config.json'}: implicit_megatron.model.n_layers: expected an integer > 0, got 0"
 
 
 def negative_width(folder: Path) -> str:
     edit_config(folder, "model", "d_model", -64)
-    return f"{folder / 'config.json'}: implicit_megatron.model.d_model: expected a positive finite value, got -64"
+    return f"{folder / 'config.json'}: implicit_megatron.model.d_model: expected an integer > 0, got -64"
 
 
 def no_vocabulary_multiple(folder: Path) -> str:
     edit_config(folder, "model", "pad_vocab_multiple", 0)
-    return (f"{folder / 'config.json'}: implicit_megatron.model.pad_vocab_multiple: expected a positive finite "
-            "value, got 0")
+    return f"{folder / 'config.json'}: implicit_megatron.model.pad_vocab_multiple: expected an integer > 0, got 0"
 
 
 def integer_tensor(folder: Path) -> str:

@@ -43,6 +43,12 @@ def test_a_count_is_refused_by_name(variable, first_node):
         Job.read({variable: "-1"})
 
 
+def test_a_port_beyond_65535_is_refused_by_name(first_node):
+    with pytest.raises(LaunchError, match=r"^slurm\.sbatch: MASTER_PORT=70000 is not a port: a whole number from 1 "
+                                          "to 65535$"):
+        Job.read({"MASTER_PORT": "70000"})
+
+
 def test_a_task_runs_the_image_s_python_or_this_checkout_s(tmp_path):
     assert runner({"PYTHON": "/opt/py"}, tmp_path) == ([], "/opt/py")
     run, python = runner({"CONTAINER": "image.sif"}, tmp_path)

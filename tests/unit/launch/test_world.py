@@ -50,6 +50,14 @@ def test_a_count_that_is_no_whole_number_of_at_least_one_is_refused_by_name(tmp_
         env(tmp_path, **{name: value})
 
 
+@pytest.mark.parametrize("value", ["65536", "70000", "99999999999999999999"])
+def test_a_port_beyond_65535_is_refused_by_name(tmp_path, value):
+    with pytest.raises(LaunchError, match=rf"^pretrain.sh: MASTER_PORT={value} is not a port: a whole number from 1 "
+                                          "to 65535$"):
+        env(tmp_path, MASTER_PORT=value)
+    assert env(tmp_path, MASTER_PORT="65535").master_port == 65535
+
+
 def test_an_srun_task_of_several_is_a_rank(tmp_path):
     task = {"SLURM_PROCID": "3", "SLURM_LOCALID": "1", "SLURM_NTASKS": "4", "MASTER_ADDR": "node1"}
     assert slurm_task_rank(task) == {"RANK": "3", "LOCAL_RANK": "1", "WORLD_SIZE": "4", "MASTER_ADDR": "node1",

@@ -37,3 +37,10 @@ def test_a_config_larger_than_a_config_is_refused_before_it_is_read(tmp_path):
     said = rf"{big}: over {MAX_CONFIG_BYTES} bytes: a config is at most {MAX_CONFIG_BYTES}"
     with pytest.raises(ValueError, match=said):
         read_json_config(big)
+
+
+def test_a_key_given_twice_in_one_object_is_refused_naming_it(tmp_path):
+    twice = tmp_path / "config.json"
+    twice.write_text('{"implicit_megatron": {"model": {"n_layers": 2, "n_layers": 3}}, "hidden_size": 64}')
+    with pytest.raises(ValueError, match=rf"^{twice}: the key 'n_layers' is given twice in one object$"):
+        read_json_config(twice)
