@@ -111,10 +111,11 @@ def validation_note(cfg: Config) -> str | None:
 
 
 def validate_output(cfg: Config, fail) -> None:
-    """The run folder can be made and written (not a file, not on a read-only file system)."""
-    from implicit_megatron.utils.output_paths import output_problem
+    """The run folder can be made and written (not a file, not on a read-only file system), and is
+    the run's own (not a link, not inside another run's folder)."""
+    from implicit_megatron.utils.output_paths import output_problem, run_folder_problem
 
-    problem = output_problem(cfg.output_dir, folder=True)
+    problem = output_problem(cfg.output_dir, folder=True) or run_folder_problem(cfg.output_dir)
     if problem:
         fail("train.output_dir", f"the run folder {cfg.output_dir}: {problem}")
 

@@ -4,7 +4,8 @@ A tool that evaluates for an hour and then cannot write its results, or a launch
 ranks and then cannot make its run folder, wastes the run; these checks say in one line, before
 anything starts, what stands in the way: a name or path longer than a file system takes, a file
 where a folder is asked for (or the reverse), a file among its parents, or a folder this user cannot
-write (a read-only file system included).
+write (a read-only file system included); for a run folder (`run_folder_problem`), also a symbolic
+link in its place and a place inside another run's folder.
 """
 
 from __future__ import annotations
@@ -56,4 +57,25 @@ def _place_problem(path: Path, folder: bool) -> str | None:
     blocked = first_unwritable(path if folder else path.parent)
     if blocked is not None:
         return f"{blocked} cannot be written by this user (permissions, or a read-only file system)"
+    return None
+
+
+# what a run leaves in its folder from its first step (train/: the lock, the record, the checkpoints)
+RUN_MARKS = ("run.lock", "metrics.jsonl", "checkpoints/latest")
+
+
+def run_folder_problem(path: str | Path) -> str | None:
+    """Why `path` may not be a run's folder (train.output_dir), beyond output_problem: a symbolic link
+    (followed, a new run writes wherever it leads: as root, a link to / writes there), or a place
+    inside another run's folder (a run writing into another's checkpoint tag makes that run's resume
+    refuse it); None when neither."""
+    path = Path(path)
+    if path.is_symlink():
+        return (f"is a symbolic link (to {os.readlink(path)}): a run writes into its own folder only; name the "
+                f"folder itself, train.output_dir={path.resolve()}")
+    for parent in Path(os.path.abspath(path)).parents:
+        marks = [mark for mark in RUN_MARKS if (parent / mark).exists()]
+        if marks:
+            return (f"lies inside {parent}, the folder of another run (it holds {', '.join(marks)}): a run folder "
+                    "holds one run's files; choose a folder outside it")
     return None

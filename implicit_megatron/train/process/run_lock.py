@@ -49,8 +49,8 @@ def not_its_own(output_dir: str | Path) -> str | None:
     links = [entry for entry in found if "is hard-linked" not in entry]
     advice = []
     if links:
-        advice.append("replace each link with the file or folder it points to (to keep a run on another disk, link "
-                      "the whole run folder, train.output_dir, instead)")
+        advice.append("replace each link with the file or folder it points to (to keep a run on another disk, name "
+                      "a folder there as train.output_dir)")
     if len(links) < len(found):
         advice.append("copy the run folder with cp -a (not -l) to train on from another run's files")
     return (f"{'; '.join(found)}: a run folder holds its own files only, and this run would write through "

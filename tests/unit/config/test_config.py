@@ -371,6 +371,32 @@ def test_a_run_folder_that_cannot_be_made_is_refused_naming_the_key(tmp_path):
         load_config(ROOT / "configs/tiny/mamba2-implicit.yaml", [f"train.output_dir={tmp_path / 'a-file' / 'run'}"])
 
 
+def test_a_run_folder_that_is_a_link_or_inside_another_run_is_refused_naming_the_key(tmp_path):
+    """A link as train.output_dir was followed for a new run (as root, a link to / wrote the run
+    there); a folder inside another run's checkpoint tag was accepted, and that run's resume then
+    refused its own tag."""
+    tiny = ROOT / "configs/tiny/mamba2-implicit.yaml"
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "elsewhere")
+    with pytest.raises(ConfigError, match=rf"train.output_dir: the run folder {tmp_path / 'link'}: is a symbolic "
+                                          rf"link \(to {tmp_path / 'elsewhere'}\): a run writes into its own folder "
+                                          rf"only; name the folder itself, train.output_dir={tmp_path / 'elsewhere'}$"):
+        load_config(tiny, [f"train.output_dir={tmp_path / 'link'}"])
+    other = tmp_path / "other-run"
+    (other / "checkpoints" / "bounded-step6").mkdir(parents=True)
+    (other / "checkpoints" / "latest").write_text("bounded-step6\n")
+    inside = other / "checkpoints" / "bounded-step6" / "mine"
+    with pytest.raises(ConfigError, match=rf"the run folder {inside}: lies inside {other}, the folder of another run "
+                                          r"\(it holds checkpoints/latest\): a run folder holds one run's files"):
+        load_config(tiny, [f"train.output_dir={inside}"])
+    (other / "metrics.jsonl").write_text("")  # a run before its first checkpoint
+    (other / "checkpoints" / "latest").unlink()
+    with pytest.raises(ConfigError, match=r"\(it holds metrics.jsonl\)"):
+        load_config(tiny, [f"train.output_dir={other / 'sub'}"])
+    load_config(tiny, [f"train.output_dir={tmp_path / 'elsewhere'}"])  # the folder itself, beside the other run
+    load_config(tiny, [f"train.output_dir={other}"])  # the run's own folder: a resume
+
+
 @pytest.mark.processes
 def test_a_relative_path_that_is_not_found_says_where_it_was_looked_for(tmp_path):
     """Paths in a config are taken from the working directory (launch/pretrain.sh runs from the
