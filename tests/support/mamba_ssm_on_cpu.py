@@ -87,34 +87,62 @@ def _cheapest_config(self, kwargs: dict) -> list:
     return [min(self.configs, key=_estimate_config_cost)]
 
 
+def _interpreted_language(patch: pytest.MonkeyPatch) -> None:
+    """Stands in for importing triton with TRITON_INTERPRET=1 already set: triton.language's own
+    @triton.jit functions (tl.sum, tl.max, tl.cumsum and their combine functions, called by every
+    kernel of mamba_ssm, e.g. selective_state_update.py:127) are decorated when triton is imported,
+    and where that happened before the tier (transformers probes mamba_ssm, whose __init__ imports
+    triton) they are compiled-mode functions the interpreter cannot call."""
+    from triton.runtime.interpreter import InterpretedFunction
+    from triton.runtime.jit import JITFunction
+
+    interpreted: dict[int, InterpretedFunction] = {}
+    for name, module in list(sys.modules.items()):
+        if module is None or not name.startswith("triton.language"):
+            continue
+        for attribute, value in list(vars(module).items()):
+            if isinstance(value, JITFunction):
+                patch.setattr(module, attribute, interpreted.setdefault(id(value), InterpretedFunction(value.fn)))
+
+
+OWN = ("mamba_ssm", "causal_conv1d")  # the packages whose modules the context puts in sys.modules
+
+
+def _own_modules() -> dict[str, types.ModuleType]:
+    return {name: module for name, module in sys.modules.items() if name.split(".")[0] in OWN}
+
+
 @contextlib.contextmanager
 def on_cpu() -> Iterator[kernels.MambaKernels]:
-    """The Mamba kernels the mixer calls, runnable on CPU tensors until the context ends; afterwards
-    mamba_ssm and the stand-in are gone from sys.modules again."""
+    """The Mamba kernels the mixer calls, runnable on CPU tensors until the context ends. mamba_ssm's
+    modules are imported afresh (a failed `import mamba_ssm` elsewhere, transformers' probe of it,
+    leaves some behind, compiled for a GPU) and are gone from sys.modules again afterwards."""
     reason = unavailable()
     if reason:
         pytest.skip(f"kernel tier: {reason}")
-    before = set(sys.modules)
+    saved = _own_modules()
+    for name in saved:
+        del sys.modules[name]
     kernels._load_mamba_kernels.cache_clear()
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("TRITON_INTERPRET", "1")  # read when a kernel is decorated (its import) and when it runs
-        for name, module in causal_conv1d_stand_in.modules().items():
-            patch.setitem(sys.modules, name, module)  # before mamba_ssm, which looks causal_conv1d up at import
-        patch.setitem(sys.modules, "mamba_ssm", _package_without_init())
-        patch.setattr(torch.cuda, "device", _no_device)
-        patch.setattr(torch.cuda, "get_device_properties", _device_properties)
-        import triton.runtime.autotuner
+    try:
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setenv("TRITON_INTERPRET", "1")  # read when a kernel is decorated (its import) and when it runs
+            sys.modules.update(causal_conv1d_stand_in.modules())  # before mamba_ssm, which looks it up at import
+            sys.modules["mamba_ssm"] = _package_without_init()
+            patch.setattr(torch.cuda, "device", _no_device)
+            patch.setattr(torch.cuda, "get_device_properties", _device_properties)
+            import triton.runtime.autotuner
 
-        patch.setattr(triton.runtime.autotuner.Autotuner, "prune_configs", _cheapest_config)
-        import mamba_ssm.ops.triton.selective_state_update  # noqa: F401 - an import error surfaces here
-        import mamba_ssm.ops.triton.ssd_combined  # noqa: F401
+            patch.setattr(triton.runtime.autotuner.Autotuner, "prune_configs", _cheapest_config)
+            _interpreted_language(patch)
+            import mamba_ssm.ops.triton.selective_state_update  # noqa: F401 - an import error surfaces here
+            import mamba_ssm.ops.triton.ssd_combined  # noqa: F401
 
-        loaded = kernels._load_mamba_kernels()
-        assert loaded is not None, "the project's loader found no kernels where mamba_ssm imports"
-        try:
+            loaded = kernels._load_mamba_kernels()
+            assert loaded is not None, "the project's loader found no kernels where mamba_ssm imports"
             yield loaded
-        finally:
-            kernels._load_mamba_kernels.cache_clear()
-            for name in set(sys.modules) - before:
-                if name.split(".")[0] in ("mamba_ssm", "causal_conv1d"):
-                    del sys.modules[name]
+    finally:
+        kernels._load_mamba_kernels.cache_clear()
+        for name in _own_modules():
+            del sys.modules[name]
+        sys.modules.update(saved)
