@@ -7,7 +7,7 @@ import torch
 from support.tools import load_tool
 
 CASES = load_tool("kernel_cases")
-TOLERANCE = 2e-5  # float32, a recurrence against the chunked scan: ~5e-7 measured
+TOLERANCE = 2e-5  # float32, a recurrence against the chunked scan: ~3e-7 outputs, ~5e-6 ssm state measured
 
 
 def test_fused_steps_equal_the_whole_sequence_and_the_pytorch_steps(fused):

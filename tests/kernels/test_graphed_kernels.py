@@ -13,7 +13,7 @@ from implicit_megatron.implicit import SolverSettings
 
 CASES = load_tool("kernel_cases")
 SIZES = dataclasses.replace(CASES.CPU, batch=1)
-TOLERANCE = {"loss": 1e-5, "residuals": 1e-3, "gradient": 5e-4}  # as tests/kernels/test_training_kernels.py
+TOLERANCE = {"loss": 1e-5, "residuals": 1e-4, "gradient": 1e-4}  # as tests/kernels/test_training_kernels.py
 
 
 def test_replayed_passes_run_the_real_kernels_forward_and_backward(fused):

@@ -7,8 +7,8 @@ import torch
 from support.tools import load_tool
 
 CASES = load_tool("kernel_cases")
-# float32 on both sides, different orders of summation: outputs agree to ~4e-7 of their largest
-# value, gradients (sums over the sequence and the batch) to ~1e-5
+# float32 on both sides, different orders of summation: outputs agree to ~2e-7 of their largest
+# value, gradients (sums over the sequence and the batch) to ~5e-5 at worst (D, dt_bias)
 TOLERANCE = {"output": 2e-5, "gradient": 2e-4}
 
 
