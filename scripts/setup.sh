@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Idempotent set-up of .venv for this checkout.
 #   bash scripts/setup.sh [EXTRAS]       e.g. EXTRAS=dev or dev,eval (the extras of pyproject.toml)
+# The extra `kernels` (the suite's kernel tier) adds triton and mamba-ssm without its CUDA build; where
+# they do not install, the set-up goes on and the tier's tests are skipped, each saying why.
 # Where a torch build is already importable (cluster images, ROCm builds) the venv
 # sees the system packages and reuses it; otherwise scripts/install_torch.sh installs
 # torch==2.13.0 first and says which build arrived (TORCH_INDEX_URL picks the index:
@@ -66,10 +68,34 @@ if ! "$vpy" -W ignore -c "import torch" 2>/dev/null; then
 fi
 "$vpy" -c "from importlib.metadata import version; print('torch==' + version('torch').split('+')[0])" > "$constraints"
 
+others=()
+kernel_tier=false
+for extra in "${wanted[@]+"${wanted[@]}"}"; do
+  if [ "$extra" = kernels ]; then kernel_tier=true; else others+=("$extra"); fi
+done
 spec="."
-[ -n "$extras" ] && spec=".[$extras]"
+[ ${#others[@]} -gt 0 ] && spec=".[$(IFS=,; echo "${others[*]}")]"
 echo "[setup] installing implicit-megatron $spec (torch held at $(cat "$constraints"))"
 # setuptools' editable-install notice (a 10-line banner on every set-up) says nothing about this project
 PIP_CONSTRAINT="$constraints" PYTHONWARNINGS="ignore:Editable installation" "$vpy" -m pip install -q -e "$spec"
+
+# mamba-ssm's own metadata requires CUDA-only packages and its build looks for a CUDA wheel: installed
+# without its dependencies (the `kernels` extra lists the ones its Triton kernels import) and with its
+# CUDA build skipped, from source, as pure Python.
+install_kernel_tier() {
+  local version
+  version="$(sed -n 's/^kernel-tier-mamba-ssm = "\(.*\)"/\1/p' pyproject.toml)"
+  PIP_CONSTRAINT="$constraints" PYTHONWARNINGS="ignore:Editable installation" "$vpy" -m pip install -q -e ".[kernels]" \
+    || return 1
+  if [ "$("$vpy" -c 'import importlib.metadata as m; print(m.version("mamba_ssm"))' 2>/dev/null)" = "$version" ]; then
+    return 0
+  fi
+  MAMBA_FORCE_BUILD=TRUE MAMBA_SKIP_CUDA_BUILD=TRUE PIP_CONSTRAINT="$constraints" \
+    "$vpy" -m pip install -q --no-deps --no-build-isolation "mamba-ssm==$version"
+}
+if $kernel_tier && ! install_kernel_tier; then
+  echo "[setup] triton or mamba-ssm did not install here: the kernel tier (tests/kernels/) will be skipped" >&2
+  exit 0  # no stamp: the next set-up tries again
+fi
 touch "$stamp"
 echo "[setup] done: $venv"

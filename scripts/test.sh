@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# The test suite, from a fresh clone: sets up .venv (with the dev and eval extras) when needed, then
-# runs pytest. Extra arguments go to pytest (e.g. -k config, -x).
+# The test suite, from a fresh clone: sets up .venv (with the dev, eval and kernels extras) when needed,
+# then runs pytest. Extra arguments go to pytest (e.g. -k config, -x).
 #   bash scripts/test.sh           everything, as CI runs it
-#   bash scripts/test.sh --quick   the edit loop's tier: no test that starts a process or trains for long
+#   bash scripts/test.sh --quick   the edit loop's tier: no test that starts a process, trains for long
+#                                  or runs mamba_ssm's kernels (the kernel tier: pytest -m kernels)
 #   bash scripts/test.sh --help    this, before any set-up
 set -euo pipefail
 if [ "${1:-}" = "-h" ] || [ "${1:-}" = "--help" ]; then  # the header above, without its comment marks
@@ -11,7 +12,7 @@ if [ "${1:-}" = "-h" ] || [ "${1:-}" = "--help" ]; then  # the header above, wit
   exit 0
 fi
 cd "$(dirname "$0")/.."
-bash scripts/setup.sh dev,eval
+bash scripts/setup.sh dev,eval,kernels
 export MLFLOW_DISABLE_TELEMETRY=true HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 # Compiled modules are cached (__pycache__, ignored by git): every process the suite starts reads
 # them instead of compiling the package again, even where the environment asks for no caches.

@@ -1,8 +1,9 @@
 """Fixtures shared by the whole suite, and its two tiers.
 
 Tiers: a test that starts another process (a training launch, a tool, a daemon, a worker pool) is
-marked `processes`, one that trains in-process for more than about ten seconds `slow`; `pytest
---quick` (scripts/test.sh --quick) runs the others, the edit loop's tier. The mark is not left to
+marked `processes`, one that trains in-process for more than about ten seconds `slow`, one of the
+kernel tier (tests/kernels/: mamba_ssm's Triton kernels on CPU) `kernels`; `pytest --quick`
+(scripts/test.sh --quick) runs the others, the edit loop's tier. The mark is not left to
 memory: everywhere, a test that starts a process without it fails, naming the command (tests/
 distributed, tests/e2e and tests/integration are marked as a whole).
 """
@@ -33,7 +34,7 @@ PROCESS_FIXTURES = {"zero1_run", "llama_run", "zero3_run"}
 
 def pytest_addoption(parser):
     parser.addoption("--quick", action="store_true",
-                     help="only the tests that start no other process and are not slow (the edit loop's tier)")
+                     help="the tests that start no process, are not slow and run no kernels (the edit loop's tier)")
 
 
 def pytest_configure(config):
@@ -62,7 +63,9 @@ def pytest_collection_modifyitems(config, items):
         if _folder(item) in STARTS_PROCESSES or item.get_closest_marker("distributed") or \
                 PROCESS_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.processes)
-        left_out = item.get_closest_marker("processes") or item.get_closest_marker("slow")
+        if _folder(item) == "kernels":
+            item.add_marker(pytest.mark.kernels)
+        left_out = any(item.get_closest_marker(mark) for mark in ("processes", "slow", "kernels"))
         (dropped if quick and left_out else kept).append(item)
     if dropped:
         config.hook.pytest_deselected(items=dropped)
@@ -82,6 +85,8 @@ def _weight(item) -> float:
         return 4.0
     if _folder(item) == "distributed" or item.get_closest_marker("slow") or item.get_closest_marker("distributed"):
         return 3.0
+    if item.get_closest_marker("kernels"):
+        return 2.0  # seconds each under Triton's interpreter: a module goes to one worker, dealt like a long one
     return 1.0 if item.get_closest_marker("processes") else 0.05
 
 

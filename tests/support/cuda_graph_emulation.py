@@ -21,6 +21,9 @@ replay. This module gives CPU tensors the same semantics:
   `bincount`, `torch.equal`, `torch.cuda.synchronize`, ...) raises, as `cudaStreamCapture` does; so
   does a copy from pageable host memory (a tensor made from Python or numpy data), a nested capture
   and a replay during a capture.
+- A Triton kernel launched through Triton's interpreter (the kernel tier runs mamba_ssm's kernels so,
+  support.mamba_ssm_on_cpu) is recorded as one operation with its tensors by address, and run at
+  each replay only, as a GPU runs a captured kernel.
 - Streams: `torch.cuda.current_stream()` is the stream last made current (by `torch.cuda.stream`
   or `set_stream`), as on a GPU, so a test sees which stream the code is left on. A capture can be
   made to fail at its end (`EmulatedGraph.fail_capture_end`), as a capture invalidated by an
@@ -38,6 +41,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import sys
 from dataclasses import dataclass
 
 import torch
@@ -318,6 +322,31 @@ def _host_read(method):
     return read
 
 
+class _Launch:
+    """A Triton kernel launch as a recorded operation: the interpreter's grid executor, called again."""
+
+    def __init__(self, launch, executor) -> None:
+        self.launch, self.executor = launch, executor
+
+    def __call__(self, *args, **kwargs) -> None:
+        self.launch(self.executor, *args, **kwargs)
+
+
+def _recorded_launch(launch):
+    """Triton's interpreted launch (GridExecutor.__call__): inside a capture, remembered and not run
+    (it reads and writes raw memory, which the dispatch mode cannot see)."""
+
+    def call(executor, *args, **kwargs):
+        graph = _state["capturing"]
+        if graph is None:
+            return launch(executor, *args, **kwargs)
+        graph.ops.append(_Op(_Launch(launch, executor), _with_refs(tuple(args), graph._ref),
+                             {name: _with_refs(value, graph._ref) for name, value in kwargs.items()}, [None]))
+        return None
+
+    return call
+
+
 def install() -> callable:
     """Patch torch.cuda's graph primitives with the emulation; returns a function that undoes it."""
     from implicit_megatron.implicit import graphs as graphs_lib
@@ -334,6 +363,9 @@ def install() -> callable:
                (torch.cuda, "empty_cache", lambda: None), (torch._C, "_host_emptyCache", lambda: None),
                (torch.cuda.graphs.graph, "default_capture_stream", None),
                (graphs_lib, "GRAPH_DEVICE", "cpu")]
+    interpreter = sys.modules.get("triton.runtime.interpreter")  # imported by the kernel tier only
+    if interpreter is not None:
+        patches.append((interpreter.GridExecutor, "__call__", _recorded_launch(interpreter.GridExecutor.__call__)))
     missing = object()
     old = [(owner, name, getattr(owner, name, missing)) for owner, name, _ in patches]
     for owner, name, value in patches:

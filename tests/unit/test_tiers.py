@@ -1,4 +1,5 @@
-"""The suite's tiers (tests/conftest.py): `--quick` leaves out what starts processes or is slow, and a
+"""The suite's tiers (tests/conftest.py): `--quick` leaves out what starts processes, is slow or runs
+the kernels (the kernel tier), and a
 test that starts a process without saying so fails by name, so the quick tier stays process-free."""
 
 from __future__ import annotations
@@ -27,6 +28,10 @@ def test_marked_starts_a_process():
 def test_slow():
     pass
 
+@pytest.mark.kernels
+def test_kernels():
+    pass
+
 def test_plain():
     pass
 '''
@@ -42,7 +47,7 @@ def suite(pytester):
 @pytest.mark.processes  # its inner tests start processes; its own guard must not mask theirs
 def test_a_process_started_by_an_unmarked_test_fails_naming_the_mark(suite):
     result = suite.runpytest_inprocess("-p", "no:cacheprovider", "-p", "no:xdist", "-p", "no:randomly")
-    result.assert_outcomes(passed=3, failed=2)
+    result.assert_outcomes(passed=4, failed=2)
     out = result.stdout.str()
     assert "UnmarkedProcess: this test starts a process (subprocess: ['true']) but is not marked" in out
     assert "UnmarkedProcess: this test starts a process (multiprocessing: <built-in function print>)" in out
@@ -50,10 +55,10 @@ def test_a_process_started_by_an_unmarked_test_fails_naming_the_mark(suite):
 
 
 @pytest.mark.processes
-def test_quick_leaves_out_processes_and_slow_tests(suite):
+def test_quick_leaves_out_processes_slow_tests_and_the_kernel_tier(suite):
     result = suite.runpytest_inprocess("--quick", "-p", "no:cacheprovider", "-p", "no:xdist", "-p", "no:randomly",
                                        "-k", "not unmarked")
-    result.assert_outcomes(passed=1, deselected=4)
+    result.assert_outcomes(passed=1, deselected=5)
 
 
 class _Item:

@@ -38,6 +38,8 @@ class Break:
     what: str
 
 
+MIXER = "implicit_megatron/models/mamba2/mixer.py"
+KERNEL_TIER = "tests/kernels/"  # mamba_ssm's Triton kernels on CPU
 METHOD_TEST = ("tests/unit/implicit/test_method_once.py::"
                "test_a_training_forward_is_the_papers_solve_then_damped_phantom_steps")
 
@@ -98,6 +100,27 @@ BREAKS = [
           "        taps = [weight[:, 0, j] * xp[:, j:j + t] for j in range(k)]",
           "        taps = [weight[:, 0, k - 1 - j] * xp[:, j:j + t] for j in range(k)]",
           ("tests/unit/models/mamba2/test_mamba2_mixer.py",), "the causal conv applies its taps in reverse order"),
+    Break("fused-b-c-swapped", MIXER,
+          "fused.mamba_chunk_scan_combined(x, dt, A, B, C, self.chunk_size",
+          "fused.mamba_chunk_scan_combined(x, dt, A, C, B, self.chunk_size",
+          (KERNEL_TIER + "test_mixer_kernels.py",), "the chunk-scan kernel gets B and C swapped"),
+    Break("fused-seq-idx-dropped", MIXER,
+          "chunk_size=self.chunk_size, seq_idx=seq_idx, activation=\"silu\",",
+          "chunk_size=self.chunk_size, seq_idx=None, activation=\"silu\",",
+          (KERNEL_TIER + "test_mixer_kernels.py",), "the split conv + scan kernel runs packed documents as one"),
+    Break("fused-d-shape", MIXER, "self.dt_bias, A, D=self._D(),", "self.dt_bias, A, D=self.D,",
+          (KERNEL_TIER + "test_mixer_kernels.py",), "the split conv + scan kernel gets D per channel flat, "
+          "(d_inner,) for (nheads, headdim)"),
+    Break("fused-dt-bias-twice", MIXER, "ssm, x, dt[..., None].expand(-1, -1, p),",
+          "ssm, x, (dt + self.dt_bias)[..., None].expand(-1, -1, p),",
+          (KERNEL_TIER + "test_generation_kernels.py",), "a generation step adds dt_bias to dt before the kernel does"),
+    Break("fused-headdim-dropped", MIXER, "headdim=None if self.D_has_hdim else self.headdim,", "headdim=None,",
+          (KERNEL_TIER + "test_mixer_kernels.py",),
+          "the split kernel is not told the head size (the former stand-in guessed it from D)"),
+    Break("fused-dt-bias-no-gradient", MIXER, "self.conv1d.bias, self.dt_bias, A, D=self._D(),",
+          "self.conv1d.bias, self.dt_bias.detach(), A, D=self._D(),",
+          (KERNEL_TIER + "test_mixer_kernels.py",), "dt_bias learns nothing on the split kernel's path (its "
+          "forward is right: the former stand-ins, checked forward only, missed it)"),
     Break("weight-norm", "implicit_megatron/implicit/weight_norm.py",
           "    return torch._weight_norm(v, g, 0)", "    return g * v / v.norm()",
           ("tests/unit/implicit/test_weight_norm.py",), "weight norm over the whole tensor, not each row"),

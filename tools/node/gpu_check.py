@@ -188,7 +188,7 @@ def fused_lines(dtype) -> list[Line]:
     if not any(installed.values()):
         return []
     report = validate_kernels.Report()
-    args = Namespace(batch=2, seq_len=1000, d_model=768, ngroups=1, step_tokens=16, steps=5)
+    args = Namespace(batch=2, seq_len=1000, d_model=768, step_tokens=16, steps=5)
     device = torch.device("cuda")
     if installed["mamba_ssm+causal_conv1d"]:
         validate_kernels.validate_mamba2(args, device, dtype, report)

@@ -1,28 +1,36 @@
 """Check the fused kernels against the PyTorch path on a GPU.
 
-    python tools/node/validate_kernels.py [--dtype fp32|bf16] [--batch 2] [--seq-len 1000] [--ngroups 1]
+    python tools/node/validate_kernels.py [--dtype fp32|bf16] [--batch 2] [--seq-len 1000]
 
-For the Mamba2 mixer (mamba_ssm / causal_conv1d: the memory-efficient fused path, the chunk-scan
-path, both with and without seq_idx, and the one-token step) and for Llama attention (flash-attn,
-half precision only) it prints the max relative error, max|a - b| / max|b|, of the outputs, of the
-input and parameter gradients and of the recurrent states, and the forward + backward tokens/s of
-each path. Exits 1 when an error exceeds the tolerance of the dtype, and 0 with "skipped: ..." on a
-machine without a GPU or without the kernels.
+For the Mamba2 mixer (mamba_ssm / causal_conv1d) it runs the cases of kernel_cases.py, the ones
+the suite's kernel tier runs on CPU under Triton's interpreter (tests/kernels/), at GPU sizes: both
+fused paths forward and backward over packed documents, lengths that are and are not multiples of
+the chunk and one shorter than it, one and two groups, the injection; generation one token at a
+time; an implicit model's (4+1) and (24+4) training step. For Llama attention (flash-attn, half
+precision only) the layer's output and gradients. It prints the max relative error, max|a - b| /
+max|b|, of each output, gradient and state, and the forward + backward tokens/s of each path. Exits
+1 when an error exceeds the tolerance of the dtype, and 0 with "skipped: ..." on a machine without a
+GPU or without the kernels.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 
-from implicit_megatron.models import kernels
-from implicit_megatron.models.llama import LlamaDecoderLayer
-from implicit_megatron.models.mamba2 import Mamba2
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import kernel_cases  # noqa: E402 - beside this script: the suite's kernel tier reads the same cases
+
+from implicit_megatron.models import kernels  # noqa: E402
+from implicit_megatron.models.llama import LlamaDecoderLayer  # noqa: E402
+from implicit_megatron.models.mamba2 import Mamba2  # noqa: E402
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 TOLERANCE = {torch.float32: 5e-3, torch.bfloat16: 5e-2}  # the kernels use tf32 / bf16 matmuls
@@ -71,9 +79,16 @@ class Report:
     def __init__(self) -> None:
         self.failed: list[str] = []
 
-    def check(self, name: str, err: float, dtype: torch.dtype) -> None:
-        ok = err <= TOLERANCE[dtype]
+    def check(self, name: str, err: float, dtype: torch.dtype, scale: float = 1.0) -> None:
+        ok = err <= scale * TOLERANCE[dtype]
         print(f"  {name:<62} rel. error {err:.2e}  {'ok' if ok else 'FAIL'}")
+        if not ok:
+            self.failed.append(name)
+
+    def same(self, name: str, fused: float, reference: float, dtype: torch.dtype) -> None:
+        """A count (the solver's passes): equal in float32; bf16 may stop a pass apart (not a failure)."""
+        ok = fused == reference or dtype != torch.float32
+        print(f"  {name:<62} {fused:g} and {reference:g}  {'ok' if ok else 'FAIL'}")
         if not ok:
             self.failed.append(name)
 
@@ -87,40 +102,32 @@ class Report:
 
 
 def validate_mamba2(args, device: torch.device, dtype: torch.dtype, report: Report) -> None:
-    mixer = Mamba2(args.d_model, d_state=128, headdim=64, ngroups=args.ngroups, chunk_size=256,
+    """The cases of kernel_cases.py (the ones the suite's kernel tier runs on CPU) at GPU sizes."""
+    sizes = dataclasses.replace(kernel_cases.GPU, d_model=args.d_model, batch=args.batch)
+    print(f"Mamba2 mixer: d_model {sizes.d_model}, chunk {sizes.chunk}, batch {sizes.batch}, {dtype}")
+    for case in kernel_cases.MIXER_CASES:
+        for name, fused, reference in kernel_cases.compare_mixer(case, sizes, device, dtype):
+            report.check(f"{case.name}: {name}", rel_err(fused, reference), dtype)
+    comparisons = kernel_cases.compare_generation(sizes, device, dtype, tokens=args.step_tokens)
+    for name, fused, reference in comparisons:
+        report.check(f"generation: {name}", rel_err(fused, reference), dtype)
+    for mode in kernel_cases.TRAINING_MODES:
+        comparisons = kernel_cases.compare_training_step(mode, sizes, device, dtype, length=sizes.chunk * 3 // 2)
+        for name, fused, reference in comparisons:
+            if "passes" in name:
+                report.same(f"implicit {mode} training step: {name}", fused.item(), reference.item(), dtype)
+            else:
+                report.check(f"implicit {mode} training step: {name}", rel_err(fused, reference), dtype,
+                             scale=10.0 if name == "residuals" else 1.0)
+
+    mixer = Mamba2(args.d_model, d_state=sizes.d_state, headdim=sizes.headdim, chunk_size=sizes.chunk,
                    device=device, dtype=dtype)
     x = torch.randn(args.batch, args.seq_len, args.d_model, device=device, dtype=dtype)
     grad_out = torch.randn_like(x)
-    cut = args.seq_len // 3
-    seq_idx = torch.zeros(args.batch, args.seq_len, device=device, dtype=torch.int32)
-    seq_idx[:, cut:] = 1
-    print(f"Mamba2 mixer: d_model {args.d_model}, ngroups {args.ngroups}, batch {args.batch}, "
-          f"seq_len {args.seq_len}, {dtype}")
-    for mem_eff in (True, False):
-        mixer.use_mem_eff_path = mem_eff
-        for name, kw in (("", {}), (" + seq_idx", {"seq_idx": seq_idx})):
-            case = ("split_conv1d_scan" if mem_eff else "conv1d_fn + chunk_scan") + name
-            report.compare(case, forward_backward(mixer, x, grad_out, **kw),
-                           pytorch_path(lambda kw=kw: forward_backward(mixer, x, grad_out, **kw)))
-
-    with torch.no_grad():  # one-token steps from a common state after a prefix
-        state_f = state_r = mixer.allocate_state(args.batch)
-        outs_f, outs_r = [], []
-        for t in range(args.step_tokens):
-            out, state_f = mixer.step(x[:, t], state_f)
-            outs_f.append(out)
-            out, state_r = pytorch_path(lambda t=t, s=state_r: mixer.step(x[:, t], s))
-            outs_r.append(out)
-        full = mixer(x[:, :args.step_tokens])
-    report.check("step: outputs", rel_err(torch.stack(outs_f, 1), torch.stack(outs_r, 1)), dtype)
-    report.check("step: conv state", rel_err(state_f.conv, state_r.conv), dtype)
-    report.check("step: ssm state", rel_err(state_f.ssm, state_r.ssm), dtype)
-    report.check("step vs fused forward", rel_err(torch.stack(outs_f, 1), full), dtype)
-
-    mixer.use_mem_eff_path = True
     fused_tps = tokens_per_s(mixer, x, grad_out, args.steps)
     torch_tps = pytorch_path(lambda: tokens_per_s(mixer, x, grad_out, args.steps))
-    print(f"  forward+backward tokens/s: fused {fused_tps:,.0f}   pytorch {torch_tps:,.0f}")
+    print(f"  forward+backward tokens/s (split conv+scan, seq_len {args.seq_len}): fused {fused_tps:,.0f}   "
+          f"pytorch {torch_tps:,.0f}")
 
 
 def validate_llama(args, device: torch.device, report: Report) -> None:
@@ -142,9 +149,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--dtype", choices=sorted(DTYPES), default="fp32")
     parser.add_argument("--batch", type=int, default=2)
-    parser.add_argument("--seq-len", type=int, default=1000, help="not a multiple of the chunk size (256)")
+    parser.add_argument("--seq-len", type=int, default=1000, help="of the timed passes and of Llama's comparison")
     parser.add_argument("--d-model", type=int, default=768)
-    parser.add_argument("--ngroups", type=int, default=1)
     parser.add_argument("--step-tokens", type=int, default=16)
     parser.add_argument("--steps", type=int, default=10, help="timed forward+backward passes")
     args = parser.parse_args(argv)
