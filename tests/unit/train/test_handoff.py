@@ -76,7 +76,7 @@ def test_handoff_versus_resume(tmp_path):
     assert not handoff.resuming and handoff.load_optimizer and not handoff.load_data_state
     resume = source_for(tmp_path, 2, "distributed.zero_stage=2", "checkpoint.load_data_state=false")
     assert resume.resuming and resume.load_data_state  # a resume restores the data position, whatever it says
-    assert source_for(tmp_path / "elsewhere", 2) is None
+    assert source_for(tmp_path.parent / f"{tmp_path.name}-elsewhere", 2) is None  # beside it: a folder of its own
 
 
 def test_resume_never_starts_over_existing_checkpoints(tmp_path):
