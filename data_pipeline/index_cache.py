@@ -13,7 +13,9 @@ the folder it sits in:
 - Before megatron-core reads anything, every entry of the folder is checked: no symbolic or hard
   link, no folder, FIFO or device, every `.npy` a plain integer array (read with allow_pickle=False).
 - After, the indices it built or read are checked against the shard (check_indices), so a cache
-  garbled or edited by hand is refused by name instead of training on other samples.
+  garbled or edited by hand is refused by name instead of training on other samples; indices read
+  from the cache are also checked against the seed they are for (check_order): a valid permutation
+  of another seed, or of none, would train on another order without a word.
 """
 
 from __future__ import annotations
@@ -150,6 +152,12 @@ def check_indices(dataset) -> None:
                              f"(garbled or edited); {again}")
 
 
+def cached_before(dataset, began: float) -> bool:
+    """Whether the dataset's shuffle index was read from a cache file written before `began`."""
+    path = _path(dataset, "shuffle")
+    return os.path.isfile(path) and os.stat(path).st_mtime < began
+
+
 def _path(dataset, which: str) -> str:
     """The cached file megatron-core reads the index from (its naming: gpt_dataset.py)."""
     base = f"{dataset.unique_description_hash}-{type(dataset).__name__}-{dataset.index_split.name}"
@@ -164,3 +172,32 @@ def _is_permutation(array: np.ndarray) -> bool:
     seen = np.zeros(n, dtype=bool)
     seen[array] = True
     return bool(seen.all())
+
+
+def check_order(dataset) -> None:
+    """The document and shuffle indices read from a cache are the ones data.seed gives: drawn again
+    with megatron-core's own functions from numpy.random.RandomState(seed), as it draws them (the
+    document index once per epoch set, the final epoch apart where megatron-core kept it apart; the
+    shuffle index next, from the same generator). Two permutations of the indices' length: a few
+    seconds for the Pile, paid only where the cache is read."""
+    from megatron.core.datasets.gpt_dataset import _build_document_index, _build_shuffle_index
+
+    doc, shuffle = np.asarray(dataset.document_index), np.asarray(dataset.shuffle_index)
+    documents = np.asarray(dataset.indices)
+    epochs = len(doc) // max(len(documents), 1)
+    samples = len(np.asarray(dataset.sample_index)) - 1
+    again = f"remove {dataset.config.path_to_cache} (it is rebuilt)"
+    for separate in ((False, True) if epochs > 1 else (False,)):  # megatron-core's choice, found by which matches
+        state = np.random.RandomState(dataset.config.random_seed)
+        if np.array_equal(_build_document_index(documents, epochs, state, separate), doc):
+            break
+    else:
+        raise ShardReadError(f"{_path(dataset, 'document')}: not the document order of seed "
+                             f"{dataset.config.random_seed} (data.seed; another seed's, or edited); {again}")
+    first = samples
+    if separate:  # the samples of the epochs before the final one are shuffled apart from it
+        first = ((epochs - 1) * dataset._get_num_tokens_per_epoch() - dataset.config.add_extra_token_to_sequence) \
+            // dataset.config.sequence_length
+    if not np.array_equal(_build_shuffle_index(first, samples, state), shuffle):
+        raise ShardReadError(f"{_path(dataset, 'shuffle')}: not the sample order of seed {dataset.config.random_seed} "
+                             f"(data.seed; another seed's, or edited); {again}")

@@ -39,13 +39,21 @@ from __future__ import annotations
 import hashlib
 import math
 import os
+import time
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
 from data_pipeline.batches import DistributedBatchIterator
-from data_pipeline.index_cache import check_indices, index_cache_dir, prepare_index_cache, say_received_ignored
+from data_pipeline.index_cache import (
+    cached_before,
+    check_indices,
+    check_order,
+    index_cache_dir,
+    prepare_index_cache,
+    say_received_ignored,
+)
 from data_pipeline.indexed import find_shards, import_megatron
 from data_pipeline.locking import exclusive_lock
 from data_pipeline.shard_check import ShardReadError, check_build, check_shard, read_stats
@@ -252,12 +260,15 @@ def _gpt_dataset(shard: str, split: str, num_samples: int | None, config: Any) -
     try:
         indexed = GPTDataset.build_low_level_dataset(shard, config)
         documents = np.arange(len(indexed.sequence_lengths), dtype=np.int32)
+        began = time.time()
         dataset = GPTDataset(indexed, shard, documents, num_samples, Split[split], config)
     except (IndexError, ValueError, OSError, RuntimeError, AssertionError) as err:
         raise ShardReadError(f"{shard}: building its packed-sample index failed ({type(err).__name__}: {err}); "
                              "the shard may be damaged: check it with python -m implicit_megatron.config CONFIG "
                              f"(it checks every shard), or remove the index cache {config.path_to_cache}") from None
     check_indices(dataset)
+    if dataset.shuffle_index is not None and cached_before(dataset, began):  # read, not built here
+        check_order(dataset)
     return dataset
 
 

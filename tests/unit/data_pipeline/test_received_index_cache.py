@@ -182,3 +182,40 @@ def test_the_pre_launch_check_notes_a_received_cache_and_refuses_a_named_one_tha
         load_config("configs/tiny/mamba2-explicit.yaml", [*args, f"data.index_cache={folder / 'index-cache'}",
                                                           "data.seq_len=16"], check_data=True)
     assert info.value.key == "data.index_cache"
+
+
+def test_a_cached_order_of_another_seed_is_refused_naming_the_file(received):
+    """A valid shuffle index, but another seed's permutation: the samples would come in another order
+    than data.seed gives, without a word (every structural check passes)."""
+    folder, cached = received
+    target = cached_array(cached, "shuffle_index.npy")
+    own = np.load(target)
+    np.save(target, own[np.random.RandomState(7).permutation(len(own))])
+    with pytest.raises(ShardReadError, match=rf"{target.name}: not the sample order of seed 1 \(data.seed; another "
+                                             r"seed's, or edited\); remove .* \(it is rebuilt\)"):
+        samples(folder, cache_dir=str(folder / "index-cache"))
+
+
+def test_another_seeds_whole_cache_under_this_seeds_names_is_refused(received, tmp_path):
+    """Every array of seed 7's cache, renamed as seed 1's: consistent with each other and the shard,
+    but in seed 7's order."""
+    folder, cached = received
+    other = tmp_path / "seed-7"
+    build_packed_dataset([str(folder / "a")], None, "train", SEQ, seed=7, cache_dir=str(other))
+    for which in ("document_index.npy", "sample_index.npy", "shuffle_index.npy"):
+        shutil.copy(next(other.glob(f"*{which}")), cached_array(cached, which))
+    with pytest.raises(ShardReadError, match=r"document_index.npy: not the document order of seed 1 \(data.seed"):
+        samples(folder, cache_dir=str(folder / "index-cache"))
+
+
+@pytest.mark.parametrize("num_samples", [None, 70, 120, 240])  # 62 an epoch: at 70 the final one apart
+def test_a_cache_of_this_seed_is_read_at_any_number_of_epochs(tmp_path, num_samples):
+    """One epoch or several, the final one shuffled apart from the others or not (megatron-core's
+    choice: apart below 80 % of an epoch), read back from the cache: the order checks hold and the
+    samples are the ones first built."""
+    write_unique_token_shard(str(tmp_path / "a_train"), document_lengths_summing_to(1000, seed=0))
+    cache = str(tmp_path / "cache")
+    built = [build_packed_dataset([str(tmp_path / "a")], None, "train", SEQ, seed=3, num_samples=num_samples,
+                                  cache_dir=cache) for _ in range(2)]
+    first, again = ([data[i].tolist() for i in range(len(data))] for data in built)
+    assert first == again
