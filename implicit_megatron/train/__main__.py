@@ -144,6 +144,9 @@ def _run(args, seen_output) -> RunEnd:
     except Exception as err:  # one clear line before the traceback that follows
         from implicit_megatron.train.callbacks.stall import name_timeout
 
+        for end_if_gone in _ORPHAN_CHECK:  # a kill -9 of the launch: the other ranks' watchers ended them first
+            end_if_gone()
+
         line = name_timeout(err, rank, cfg.distributed.collective_timeout_minutes)
         if line is not None:  # a process group's or the store's own timeout: the line says it all
             print(line, file=sys.stderr, flush=True)
@@ -180,7 +183,7 @@ def _exit_with_launcher(launcher: int, output_dir: str, tracked_run: tuple[str, 
     import socket
     import threading
 
-    from data_pipeline.processes import exit_when_gone, process_running
+    from data_pipeline.processes import exit_when_gone, process_running, start_ticks
 
     spoken = threading.Lock()
 
@@ -208,11 +211,24 @@ def _exit_with_launcher(launcher: int, output_dir: str, tracked_run: tuple[str, 
                   f"checkpoint is lost{recorded}", file=sys.stderr, flush=True)
         _record(output_dir, RunEnd("killed", ORPHANED, reason=f"{what} is gone"))
 
-    exit_when_gone(launcher, code=ORPHANED,
-                   before_exit=functools.partial(last_words, f"the launcher of the ranks (process {launcher})"))
+    watched = {launcher: (start_ticks(launcher), f"the launcher of the ranks (process {launcher})")}
     if launch is not None:
-        exit_when_gone(launch.pid, code=ORPHANED,
-                       before_exit=functools.partial(last_words, f"launch/pretrain.sh (process {launch.pid})"))
+        watched[launch.pid] = (launch.start_ticks, f"launch/pretrain.sh (process {launch.pid})")
+    for pid, (_, what) in watched.items():
+        exit_when_gone(pid, code=ORPHANED, before_exit=functools.partial(last_words, what))
+
+    def end_if_gone() -> None:
+        """A collective that failed because the other ranks, watching, ended first: the cause named."""
+        for pid, (ticks, what) in watched.items():
+            if not process_running(pid, ticks):
+                last_words(what)
+                sys.stderr.flush()
+                os._exit(ORPHANED)
+
+    _ORPHAN_CHECK[:] = [end_if_gone]
+
+
+_ORPHAN_CHECK: list = []  # _exit_with_launcher's end_if_gone, once the watchers run
 
 
 def _leave_process_group() -> None:

@@ -158,7 +158,7 @@ def test_two_cpu_processes_train(llama_run, shakespeare_shards, tmp_path):
 
 def start(out: Path, shards: str, *extra: str, steps: int = 300, env: dict | None = None) -> subprocess.Popen:
     """pretrain.sh with one CPU process and no MASTER_PORT, in a process group of its own."""
-    env = child_env(PYTHON=sys.executable, NPROC="1", **(env or {}))
+    env = child_env(PYTHON=sys.executable, **{"NPROC": "1", **(env or {})})
     env.pop("MASTER_PORT", None)
     args = ["configs/tiny/mamba2-implicit.yaml", f"data.prefixes=[{shards}]", "data.source=null",
             f"train.output_dir={out}", f"train.steps={steps}", "train.log_interval=1", "checkpoint.interval=1000",
@@ -252,6 +252,22 @@ def test_ctrl_c_stops_with_a_checkpoint_and_a_second_one_at_once(shakespeare_sha
 
     run_id = (tmp_path / "twice" / "mlflow_run_id").read_text().strip()
     assert MlflowClient(f"sqlite:///{tmp_path / 'twice' / 'mlflow.db'}").get_run(run_id).info.status == "KILLED"
+
+
+@pytest.mark.distributed
+def test_a_killed_launch_of_two_ranks_is_named_not_a_collectives_traceback(shakespeare_shards, tmp_path):
+    """kill -9 of pretrain.sh with two ranks, tracking off: rank 1's watcher ends it first, and rank 0's
+    next collective failed ("Connection closed by peer") in a traceback, before its own watcher
+    looked. The failed collective now looks first: one line naming the launch."""
+    proc = start(tmp_path, shakespeare_shards, env={"NPROC": "2"})
+    wait_for_steps(proc, tmp_path)
+    os.killpg(proc.pid, signal.SIGKILL)
+    out, _ = proc.communicate(timeout=60)
+    after = out[out.index("step 2/"):]
+    assert "Traceback" not in after and "Connection closed" not in after, after[-3000:]
+    ends = [line for line in after.splitlines() if "is gone" in line]
+    assert len(ends) == 1 and ends[0].startswith("[train] launch/pretrain.sh (process "), after[-3000:]
+    assert RunEnd.read(tmp_path).outcome == "killed"
 
 
 @pytest.mark.distributed
