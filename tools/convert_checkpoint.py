@@ -34,6 +34,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The command; Ctrl-C at any point is one line and exit 130 (what it was writing is removed:
+    an export appears only once whole, a universal conversion is renamed into place only when done)."""
+    try:
+        return _main(argv)
+    except KeyboardInterrupt:
+        print("convert_checkpoint: stopped by Ctrl-C: nothing was written (a folder there before is as it was; "
+              "the checkpoint read is intact)", file=sys.stderr)
+        return 130
+
+
+def _main(argv: list[str] | None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     commands = parser.add_subparsers(dest="command", required=True)
     exp = commands.add_parser("export", help="consolidated safetensors + config.json")
