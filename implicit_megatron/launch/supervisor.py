@@ -101,7 +101,14 @@ def act(signals: StopSignals, child: subprocess.Popen, folder: Path, tracking_ur
         if signum == signal.SIGINT and signals.interrupts() > 1:
             kill_at_once(child, folder, tracking_uri, prog)
             return True
-        StopRequest(STOP_SIGNALS[signum]).write(folder)
+        try:
+            StopRequest(STOP_SIGNALS[signum]).write(folder)
+        except OSError as err:  # a read-only or vanished run folder: the ranks get the signal itself instead
+            print(f"{prog}: {STOP_SIGNALS[signum]}: the stop request cannot be written in {folder} "
+                  f"({err.strerror or err}); the ranks are sent the signal itself", file=sys.stderr, flush=True)
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(child.pid, signum)  # the launcher hands it on to its ranks (torchrun, srun)
+            continue
         if signum == signal.SIGINT:
             print(f"{prog}: Ctrl-C: the ranks finish their step, save a checkpoint and stop (Ctrl-C again: at once)",
                   file=sys.stderr, flush=True)

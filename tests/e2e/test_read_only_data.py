@@ -61,6 +61,30 @@ def test_a_run_folder_that_turns_read_only_ends_the_run_saying_what_is_saved(sha
     assert "Traceback" not in result.stderr
 
 
+@pytest.mark.distributed
+def test_a_stop_signal_to_a_launch_whose_folder_turned_read_only_is_said_not_a_traceback(shakespeare_shards,
+                                                                                          tmp_path):
+    """SIGTERM to launch/pretrain.sh once its run folder is read-only: the stop request cannot be
+    written there, which ended the launch in a traceback (and its rank, orphaned, said the launch was
+    killed). The launch says why in one line and hands the signal to the ranks itself."""
+    out = tmp_path / "fs"
+    out.mkdir()
+    if not can_mount_tmpfs(out):
+        pytest.skip("this kernel does not let an unprivileged user mount (no user namespaces)")
+    run = out / "run"
+    launch = ["bash", "launch/pretrain.sh", TINY, f"data.prefixes=[{shakespeare_shards}]", "data.source=null",
+              f"train.output_dir={run}", "train.steps=400", "train.log_interval=1", "checkpoint.interval=1000",
+              "train.eval_interval=1000", "tracking.enabled=false"]
+    script = (f"mount -t tmpfs -o size=64m tmpfs {out} && {{ NPROC=1 PYTHON={sys.executable} {' '.join(launch)} & }}; "
+              f"until [ -f {run}/metrics.jsonl ] && [ $(wc -l < {run}/metrics.jsonl) -ge 2 ]; do sleep 0.1; done; "
+              f"mount -o remount,ro {out} && kill -TERM $! && wait $!")
+    result = subprocess_run(script, tmp_path / "cache")
+    said = result.stdout + result.stderr
+    assert "Traceback" not in said and "is gone (killed)" not in said, said[-3000:]
+    assert f"pretrain.sh: SIGTERM: the stop request cannot be written in {run} (Read-only file system); the ranks " \
+           "are sent the signal itself" in said, said[-3000:]
+
+
 def subprocess_run(script: str, user_cache: Path) -> subprocess.CompletedProcess:
     return subprocess.run(["unshare", "--user", "--map-root-user", "--mount", "bash", "-c", script], cwd=ROOT,
                           env=child_env(XDG_CACHE_HOME=str(user_cache)), capture_output=True, text=True, timeout=300)
