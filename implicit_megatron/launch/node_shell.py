@@ -6,7 +6,8 @@
 Over several nodes (pdsh), DeepSpeed writes `export KEY=VALUE; ... cd DIR; python -m ...` into the
 command every node's shell runs: the variables whose names start with MLFLOW, PYTHON, MV2, UCX or
 NCCL, each `KEY=VALUE` line of its environment file (DS_ENV_FILE, default `.deepspeed_env` in the
-home and the working directory), and the working directory itself. A value with more than
+home and the working directory), and the working directory itself. A name goes in bare: one that is
+not `[A-Za-z_][A-Za-z0-9_]*` is refused by name. A value with more than
 `[\\w@%+=:,./-]` goes in double quotes, where a shell still runs `$(...)` and backquotes and a `"`
 ends the quoting; the directory goes in bare. The launch (supervisor.py) passes its ranks what a rank on one
 node gets (FORWARDED: the thread count, the launch itself: run_control.LAUNCH) through an
@@ -72,9 +73,14 @@ def _user_lines(environ: dict[str, str], home: Path, cwd: Path) -> tuple[list[st
 
 
 def problems(environ: dict[str, str], home: Path, cwd: Path) -> list[str]:
-    """Every value a multi-node launch would hand a remote shell that could run there, by name."""
-    found = [f"{key}={value!r} {unsafe_value(value)}" for key, value in sorted(environ.items())
-             if (key.startswith(PREFIXES) or key in FORWARDED) and unsafe_value(value)]
+    """Every name and value a multi-node launch would hand a remote shell that could run there, by name.
+    A name that is not one is refused rather than left out: the ranks would run without a setting
+    the user gave, and no shell can have set it (only `env` can)."""
+    exported = sorted(key for key in environ if key.startswith(PREFIXES) or key in FORWARDED)
+    found = [f"the variable name {key!r} is not a name ({NAME.pattern}): DeepSpeed writes it bare in its "
+             "`export NAME=VALUE;`" for key in exported if not NAME.fullmatch(key)]
+    found += [f"{key}={environ[key]!r} {unsafe_value(environ[key])}" for key in exported
+              if NAME.fullmatch(key) and unsafe_value(environ[key])]
     found += _user_lines(environ, home, cwd)[1]
     if not BARE.fullmatch(str(cwd)):
         found.append(f"the working directory {str(cwd)!r} has characters a shell reads (DeepSpeed's `cd` names "
