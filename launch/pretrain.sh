@@ -9,7 +9,8 @@
 #   Already started by a launcher (RANK and LOCAL_RANK set, e.g. `deepspeed --no_python --no_local_rank
 #   launch/pretrain.sh CONFIG`, torchrun, or one `srun` task per GPU, whose SLURM_* variables are
 #   mapped): runs this rank directly, without set-up (run scripts/setup.sh once beforehand).
-# Other settings: LAUNCHER_ARGS (extra launcher flags), OMP_NUM_THREADS (default: cores / processes),
+# Other settings: LAUNCHER_ARGS (the launcher's own options that the launch lets through, each value
+#   checked: docs/cluster.md), OMP_NUM_THREADS (default: cores / processes),
 #   PYTHON (the interpreter; default: .venv, set up on first use, or an installed package's python),
 #   GPU_DEVICE_NODES (where to look for GPUs before asking torch; default /dev/nvidia* /dev/kfd /dev/dxg).
 # Ports: one node without MASTER_PORT takes a free port (two runs on one machine do not collide);

@@ -48,7 +48,7 @@ class LaunchEnvironment:
     master_port: int | None = None
     master_addr: str | None = None
     hostfile: str | None = None
-    launcher_args: list[str] = field(default_factory=list)  # split on blanks, as the shell split them
+    launcher_args: str = ""  # LAUNCHER_ARGS as given: read as the launcher's options (launcher_args.py)
     device_nodes: list[str] = field(default_factory=lambda: list(DEVICE_NODES))
     python: str = "python3"
 
@@ -66,7 +66,7 @@ class LaunchEnvironment:
         nodes = environ.get("GPU_DEVICE_NODES")
         return cls(num_nodes=counts["NUM_NODES"], gpus_per_node=counts["GPUS_PER_NODE"], nproc=counts["NPROC"],
                    master_port=counts["MASTER_PORT"], master_addr=addr, hostfile=environ.get("HOSTFILE") or None,
-                   launcher_args=environ.get("LAUNCHER_ARGS", "").split(),
+                   launcher_args=environ.get("LAUNCHER_ARGS", ""),
                    device_nodes=nodes.split() if nodes else list(DEVICE_NODES),
                    python=environ.get("PYTHON") or "python3")
 

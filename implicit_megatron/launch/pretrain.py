@@ -68,6 +68,7 @@ def launch(argv: list[str], environ: dict[str, str], signals: StopSignals) -> La
     if env.multi_node:
         node_shell.check(environ)
     world = world_of(env)
+    command = launcher_command(env, world, world.port(env), args)  # LAUNCHER_ARGS checked: before the config
     output_dir, tracking_uri = checked_config(args, world.size)
     held = in_use(output_dir)  # one run per output folder: refused before this launch writes into it
     if held:
@@ -79,7 +80,6 @@ def launch(argv: list[str], environ: dict[str, str], signals: StopSignals) -> La
         environ["PDSH_SSH_ARGS_APPEND"] = f"{ssh} -o ServerAliveInterval=5 -o ServerAliveCountMax=2".strip()
         if not world.gpus:
             environ.setdefault("DS_ACCELERATOR", "cpu")  # CPU ranks on gloo, on every node
-    command = launcher_command(env, world, world.port(env), args)
     return supervise(command, Path(output_dir), environ, signals, env.multi_node, tracking_uri)
 
 
