@@ -8,7 +8,9 @@
 #           DeepSpeed launcher as with GPUs (a hostfile's slots are CPU processes).
 #   Already started by a launcher (RANK and LOCAL_RANK set, e.g. `deepspeed --no_python --no_local_rank
 #   launch/pretrain.sh CONFIG`, torchrun, or one `srun` task per GPU, whose SLURM_* variables are
-#   mapped): runs this rank directly, without set-up (run scripts/setup.sh once beforehand).
+#   mapped): runs this rank directly, without set-up (run scripts/setup.sh once beforehand). RANK or
+#   LOCAL_RANK without the rest a launcher sets (WORLD_SIZE, MASTER_ADDR/PORT), or a SLURM batch
+#   script of several tasks run without srun, is refused naming the variables.
 # Other settings: LAUNCHER_ARGS (the launcher's own options that the launch lets through, each value
 #   checked: docs/cluster.md), OMP_NUM_THREADS (default: cores / processes),
 #   PYTHON (the interpreter; default: .venv, set up on first use, or an installed package's python),

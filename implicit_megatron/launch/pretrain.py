@@ -20,7 +20,13 @@ from pathlib import Path
 
 from implicit_megatron.launch import node_shell
 from implicit_megatron.launch.command import RANK_MODULE, launcher_command
-from implicit_megatron.launch.environment import PROG, LaunchEnvironment, LaunchError, slurm_task_rank
+from implicit_megatron.launch.environment import (
+    PROG,
+    LaunchEnvironment,
+    LaunchError,
+    launched_rank,
+    slurm_task_rank,
+)
 from implicit_megatron.launch.supervisor import LaunchResult, supervise
 from implicit_megatron.launch.world import world_of
 from implicit_megatron.prelaunch import checked_configs
@@ -63,7 +69,7 @@ def launch(argv: list[str], environ: dict[str, str], signals: StopSignals) -> La
     environ = {**DEFAULTS, **environ}
     env = LaunchEnvironment.read(environ)
     environ.update(slurm_task_rank(environ))
-    if environ.get("RANK") and environ.get("LOCAL_RANK"):  # started by a launcher (or srun): be this rank
+    if launched_rank(environ):  # started by a launcher (or srun): be this rank
         be_the_rank(environ, env.python, args, signals)
     if env.multi_node:
         node_shell.check(environ)
