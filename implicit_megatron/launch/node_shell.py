@@ -1,6 +1,6 @@
 """Everything a launch over several nodes hands another node's shell, checked by one function.
 
-    check(environ)                   # before anything starts: LaunchError naming each value
+    check(environ)                   # before anything starts: LaunchError naming each value (and TMPDIR)
     write_environment_file(environ)  # the environment file of this launch; its path
 
 Over several nodes (pdsh), DeepSpeed writes `export KEY=VALUE; ... cd DIR; python -m ...` into the
@@ -88,6 +88,15 @@ def problems(environ: dict[str, str], home: Path, cwd: Path) -> list[str]:
     return found
 
 
+def tmpdir_problem(environ: dict[str, str]) -> str | None:
+    """Why TMPDIR, where this launch writes its environment file, cannot hold it (None: it can)."""
+    folder = environ.get("TMPDIR")
+    if not folder or (os.path.isdir(folder) and os.access(folder, os.W_OK | os.X_OK)):
+        return None
+    why = "it is not a folder" if os.path.exists(folder) else "it does not exist"
+    return f"TMPDIR={folder} is not a folder this launch can write its environment file in ({why})"
+
+
 def environment_file(environ: dict[str, str], home: Path, cwd: Path) -> str:
     """The text of this launch's environment file: the user's lines, then FORWARDED as set here."""
     lines = _user_lines(environ, home, cwd)[0]
@@ -98,6 +107,8 @@ def environment_file(environ: dict[str, str], home: Path, cwd: Path) -> str:
 def check(environ: dict[str, str]) -> None:
     """Before anything starts: raise LaunchError naming each value a node's shell would run."""
     found = problems(environ, Path.home(), Path.cwd())
+    if tmpdir_problem(environ):
+        raise LaunchError(f"{PROG}: {tmpdir_problem(environ)}")
     if found:
         raise LaunchError("\n".join(f"{PROG}: {problem}; every node's remote shell would read it (DeepSpeed's pdsh "
                                      "launch)" for problem in found))
@@ -105,7 +116,12 @@ def check(environ: dict[str, str]) -> None:
 
 def write_environment_file(environ: dict[str, str]) -> str:
     """This launch's environment file (removed by the launch at its end); its path."""
-    handle, name = tempfile.mkstemp(prefix="pretrain-env.", dir=environ.get("TMPDIR") or None)
-    with os.fdopen(handle, "w") as out:
-        out.write(environment_file(environ, Path.home(), Path.cwd()))
+    text = environment_file(environ, Path.home(), Path.cwd())
+    try:
+        handle, name = tempfile.mkstemp(prefix="pretrain-env.", dir=environ.get("TMPDIR") or None)
+        with os.fdopen(handle, "w") as out:
+            out.write(text)
+    except OSError as err:  # checked before the launch (problems); a full disk or a folder gone since
+        raise LaunchError(f"{PROG}: TMPDIR={environ.get('TMPDIR') or tempfile.gettempdir()}: the launch's environment "
+                          f"file could not be written ({type(err).__name__}: {err.strerror})") from None
     return name
