@@ -20,7 +20,7 @@
 # Preemption: SIGTERM or SIGUSR1 to this script (or to the whole job), SIGHUP (its terminal closed) or
 #   Ctrl-C makes the ranks finish their step, save a checkpoint and stop; the script then exits 0, as
 #   after a finished run, and <output_dir>/run-end.json says `stopped`. A second Ctrl-C stops at once
-#   (exit 130). Anything else exits non-zero. (The stop signals: implicit_megatron/run_control.py.)
+#   (exit 130), SIGQUIT (Ctrl-\) too (exit 131). Anything else exits non-zero. (The stop signals: implicit_megatron/run_control.py.)
 # This script finds or sets up the Python environment and hands over to the launch itself,
 # implicit_megatron/launch/ (python -m implicit_megatron.launch CONFIG ...: the checks, the world, the
 # launcher and the graceful stop).
