@@ -89,8 +89,9 @@ def launch(argv: list[str], environ: dict[str, str], signals: StopSignals) -> La
     return supervise(command, Path(output_dir), environ, signals, env.multi_node, tracking_uri)
 
 
-def main(argv: list[str] | None = None) -> int:
-    signals = install_stop_signals(interrupt=False)  # Ctrl-C: once the ranks run (before, it ends the launch)
+def main(argv: list[str] | None = None, signals: StopSignals | None = None) -> int:
+    """`signals`: taken already (__main__.py takes them before importing this)."""
+    signals = signals or install_stop_signals(interrupt=False)  # Ctrl-C: once the ranks run (before: at once)
     try:
         return launch(sys.argv[1:] if argv is None else argv, dict(os.environ), signals).status
     except LaunchError as err:
