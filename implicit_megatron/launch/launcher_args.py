@@ -72,7 +72,7 @@ DEEPSPEED: dict[str, Callable[[str], str | None] | None] = {
 TORCHRUN: dict[str, Callable[[str], str | None] | None] = {
     "--max-restarts": _count(0, 1000), "--monitor-interval": _seconds,
     "--start-method": _choice("spawn", "fork", "forkserver"), "--redirects": _streams, "-r": _streams,
-    "--tee": _streams, "-t": _streams, "--log-dir": _word, "--role": _word, "--no-python": FLAG,
+    "--tee": _streams, "-t": _streams, "--log-dir": _word, "--role": _word,
 }
 SET_BY_THE_LAUNCH = {"--master_port": "MASTER_PORT", "--master-port": "MASTER_PORT", "--master_addr": "MASTER_ADDR",
                      "--master-addr": "MASTER_ADDR", "--num_nodes": "NUM_NODES", "--nnodes": "NUM_NODES",
