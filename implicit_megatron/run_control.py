@@ -7,7 +7,7 @@ srun) and the ranks (implicit_megatron/train). Between them, only what is named 
 
     signals      STOP_SIGNALS ask any of them for the graceful stop (install_stop_signals takes them,
                  in every process; the front doors' traps are `python -m implicit_megatron.run_control
-                 --shell-traps`); a second Ctrl-C stops at once
+                 --shell-traps`); a second Ctrl-C, or AT_ONCE_SIGNALS (SIGQUIT), stops at once
     environment  STOP_ASKED: a stop the front door took before the launch ran, or the launch before
                  it became a rank; LAUNCH: the launch whose ranks these are (Launch), which owns the
                  stop request and which a rank ends with when it is gone
@@ -39,6 +39,10 @@ STOP_SIGNALS: dict[signal.Signals, str] = {
     signal.SIGUSR1: "SIGUSR1 (a scheduler's notice)",  # SLURM's --signal=B:USR1@SECONDS before the time limit
     signal.SIGINT: "SIGINT (Ctrl-C)",
 }
+# The signal that ends a launch at once, as a second Ctrl-C does: SIGQUIT (Ctrl-\ in a terminal)
+# conventionally means quit now, so it asks for no checkpoint; the end is said in one line, no core.
+AT_ONCE_SIGNALS: dict[signal.Signals, str] = {signal.SIGQUIT: "SIGQUIT (Ctrl-\\)"}
+SECOND_INTERRUPT = "a second Ctrl-C"
 STOP_ASKED = "IMPLICIT_MEGATRON_STOP_ASKED"  # environment: the name of a signal taken before the launch ran
 LAUNCH = "IMPLICIT_MEGATRON_LAUNCH"  # environment: PID[:START_TICKS]@HOST of the launch that owns these ranks
 STOP_FILE = "stop-requested"  # in the output folder: the stop request
@@ -56,20 +60,26 @@ class StopSignals:
     handler that raised would interrupt whatever runs, a C extension's start-up included)."""
 
     def __init__(self, environ: dict[str, str] | os._Environ = os.environ) -> None:
-        self.counts = dict.fromkeys(STOP_SIGNALS, 0)
-        self.acted = dict.fromkeys(STOP_SIGNALS, 0)
+        self.counts = dict.fromkeys([*STOP_SIGNALS, *AT_ONCE_SIGNALS], 0)
+        self.acted = dict(self.counts)
         before = environ.pop(STOP_ASKED, None) or None
         named = {s.name: reason for s, reason in STOP_SIGNALS.items()}
         self.first = named.get(before, before) if before else None  # a front door's trap names the signal
-        self.at_second_interrupt: Callable[[], None] | None = None
+        self.quit: str | None = None  # what asked to stop at once (AT_ONCE_SIGNALS)
+        self.at_once: Callable[[str], None] | None = None
 
     def _count(self, signum, frame) -> None:
         signum = signal.Signals(signum)
-        earlier = self.first
         self.counts[signum] += 1
+        if signum in AT_ONCE_SIGNALS:
+            self.quit = self.quit or AT_ONCE_SIGNALS[signum]
+            if self.at_once is not None:
+                self.at_once(AT_ONCE_SIGNALS[signum])
+            return
+        earlier = self.first
         self.first = earlier or STOP_SIGNALS[signum]
-        if signum == signal.SIGINT and earlier and self.at_second_interrupt is not None:
-            self.at_second_interrupt()
+        if signum == signal.SIGINT and earlier and self.at_once is not None:
+            self.at_once(SECOND_INTERRUPT)
 
     def note(self, reason: str) -> None:
         """A stop asked another way (the launch's request, a deadline): a Ctrl-C after it is the second."""
@@ -79,9 +89,13 @@ class StopSignals:
         """What asked for a stop first (None: nothing yet), as a stop names it."""
         return self.first
 
+    def quit_asked(self) -> str | None:
+        """What asked to stop at once (None: nothing), as a stop names it."""
+        return self.quit
+
     def new(self) -> list[signal.Signals]:
         """The signals that came since the last call, once each."""
-        fresh = [s for s in STOP_SIGNALS if self.counts[s] > self.acted[s]]
+        fresh = [s for s in self.counts if self.counts[s] > self.acted[s]]
         self.acted = dict(self.counts)
         return fresh
 
@@ -90,13 +104,14 @@ class StopSignals:
 
 
 def install_stop_signals(signals: StopSignals | None = None, *, interrupt: bool = True,
-                         at_second_interrupt: Callable[[], None] | None = None) -> StopSignals:
+                         at_once: Callable[[str], None] | None = None) -> StopSignals:
     """The one place the stop signals are taken, in every process of a launch. `interrupt`: Ctrl-C
     too (a launch takes it only once its launcher runs: before, it ends the launch at once);
-    `at_second_interrupt`: what a second Ctrl-C does there and then (a rank ends at once)."""
+    `at_once(reason)`: what a second Ctrl-C or an AT_ONCE_SIGNALS signal does there and then (a rank
+    ends at once; a launch, where this is None, acts on it in its watch loop)."""
     signals = signals or StopSignals()
-    signals.at_second_interrupt = at_second_interrupt or signals.at_second_interrupt
-    for signum in STOP_SIGNALS:
+    signals.at_once = at_once or signals.at_once
+    for signum in [*STOP_SIGNALS, *AT_ONCE_SIGNALS]:
         if signum != signal.SIGINT or interrupt:
             signal.signal(signum, signals._count)
     return signals
@@ -105,7 +120,7 @@ def install_stop_signals(signals: StopSignals | None = None, *, interrupt: bool 
 def ignore_stop_signals(interrupt: bool = False) -> None:
     """Between a launch and the rank it becomes (`exec`: a signal then would end the rank unasked), or
     once a launch has ended its ranks at once (`interrupt`: Ctrl-C too, while it records that)."""
-    for signum in STOP_SIGNALS:
+    for signum in [*STOP_SIGNALS, *AT_ONCE_SIGNALS]:
         if signum != signal.SIGINT or interrupt:
             signal.signal(signum, signal.SIG_IGN)
 

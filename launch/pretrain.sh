@@ -8,8 +8,11 @@
 #           DeepSpeed launcher as with GPUs (a hostfile's slots are CPU processes).
 #   Already started by a launcher (RANK and LOCAL_RANK set, e.g. `deepspeed --no_python --no_local_rank
 #   launch/pretrain.sh CONFIG`, torchrun, or one `srun` task per GPU, whose SLURM_* variables are
-#   mapped): runs this rank directly, without set-up (run scripts/setup.sh once beforehand).
-# Other settings: LAUNCHER_ARGS (extra launcher flags), OMP_NUM_THREADS (default: cores / processes),
+#   mapped): runs this rank directly, without set-up (run scripts/setup.sh once beforehand). RANK or
+#   LOCAL_RANK without the rest a launcher sets (WORLD_SIZE, MASTER_ADDR/PORT), or a SLURM batch
+#   script of several tasks run without srun, is refused naming the variables.
+# Other settings: LAUNCHER_ARGS (the launcher's own options that the launch lets through, each value
+#   checked: docs/cluster.md), OMP_NUM_THREADS (default: cores / processes),
 #   PYTHON (the interpreter; default: .venv, set up on first use, or an installed package's python),
 #   GPU_DEVICE_NODES (where to look for GPUs before asking torch; default /dev/nvidia* /dev/kfd /dev/dxg).
 # Ports: one node without MASTER_PORT takes a free port (two runs on one machine do not collide);
@@ -17,7 +20,7 @@
 # Preemption: SIGTERM or SIGUSR1 to this script (or to the whole job), SIGHUP (its terminal closed) or
 #   Ctrl-C makes the ranks finish their step, save a checkpoint and stop; the script then exits 0, as
 #   after a finished run, and <output_dir>/run-end.json says `stopped`. A second Ctrl-C stops at once
-#   (exit 130). Anything else exits non-zero. (The stop signals: implicit_megatron/run_control.py.)
+#   (exit 130), SIGQUIT (Ctrl-\) too (exit 131). Anything else exits non-zero. (The stop signals: implicit_megatron/run_control.py.)
 # This script finds or sets up the Python environment and hands over to the launch itself,
 # implicit_megatron/launch/ (python -m implicit_megatron.launch CONFIG ...: the checks, the world, the
 # launcher and the graceful stop).

@@ -7,7 +7,8 @@ and phase ranges of the run's latest complete checkpoint). Then each unfinished 
 (pretrain.py) with the nodes, processes and hostfile the phase names, in this process, so that a
 stop signal reaches the running phase as its graceful stop. A phase that stopped early ends the
 curriculum with exit 0; a stop asked between phases starts no further phase.
-`--plan` prints the plan and starts nothing.
+`--plan` prints the plan and starts nothing. The stop signals are taken before anything else is
+imported (the config reader takes a second or more on a busy node, in which a stop killed it unsaid).
 """
 
 from __future__ import annotations
@@ -15,14 +16,12 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from implicit_megatron.config.plan import PlannedPhase, plan_phases
-from implicit_megatron.errors import RunRefused
-from implicit_megatron.launch.environment import LaunchError
-from implicit_megatron.launch.pretrain import launch
-from implicit_megatron.prelaunch import phase_configs
 from implicit_megatron.run_control import StopSignals, install_stop_signals
-from implicit_megatron.utils.typed_yaml import ConfigError
+
+if TYPE_CHECKING:
+    from implicit_megatron.config.plan import PlannedPhase
 
 USAGE = "usage: bash launch/curriculum.sh CONFIG [key=value ...]   (--plan: print the plan, start nothing)"
 
@@ -54,11 +53,16 @@ def saved_progress(output_dir: str) -> tuple[int, list | None]:
 def plan(config: str, overrides: list[str]) -> list[PlannedPhase]:
     """Every phase, its config checked as its own launch will load it, before any of them starts
     (ConfigError, RunRefused)."""
+    from implicit_megatron.config.plan import plan_phases
+    from implicit_megatron.prelaunch import phase_configs
+
     configs = phase_configs(config, overrides)
     return plan_phases(configs, *saved_progress(str(configs[0].output_dir)))
 
 
 def run(argv: list[str], signals: StopSignals) -> int:
+    from implicit_megatron.launch.pretrain import launch
+
     for phase in plan(argv[0], argv[1:]):
         if phase.done:
             print(f"[curriculum] phase {phase.name}: finished, skipped", flush=True)
@@ -91,6 +95,11 @@ def show(argv: list[str]) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     signals = install_stop_signals(interrupt=False)  # Ctrl-C: once a phase's ranks run
+    # imported once the signals are taken: a stop during these imports is a stop before the first phase
+    from implicit_megatron.errors import RunRefused
+    from implicit_megatron.launch.environment import LaunchError
+    from implicit_megatron.utils.typed_yaml import ConfigError
+
     argv = sys.argv[1:] if argv is None else argv
     if argv and argv[0] in ("-h", "--help"):
         print(__doc__.split("\n\n", 1)[1].strip() + "\n\n" + USAGE)

@@ -48,7 +48,7 @@ class LaunchEnvironment:
     master_port: int | None = None
     master_addr: str | None = None
     hostfile: str | None = None
-    launcher_args: list[str] = field(default_factory=list)  # split on blanks, as the shell split them
+    launcher_args: str = ""  # LAUNCHER_ARGS as given: read as the launcher's options (launcher_args.py)
     device_nodes: list[str] = field(default_factory=lambda: list(DEVICE_NODES))
     python: str = "python3"
 
@@ -66,7 +66,7 @@ class LaunchEnvironment:
         nodes = environ.get("GPU_DEVICE_NODES")
         return cls(num_nodes=counts["NUM_NODES"], gpus_per_node=counts["GPUS_PER_NODE"], nproc=counts["NPROC"],
                    master_port=counts["MASTER_PORT"], master_addr=addr, hostfile=environ.get("HOSTFILE") or None,
-                   launcher_args=environ.get("LAUNCHER_ARGS", "").split(),
+                   launcher_args=environ.get("LAUNCHER_ARGS", ""),
                    device_nodes=nodes.split() if nodes else list(DEVICE_NODES),
                    python=environ.get("PYTHON") or "python3")
 
@@ -83,9 +83,30 @@ def slurm_task_rank(environ: dict[str, str]) -> dict[str, str]:
             raise LaunchError(f"{PROG}: {name}={shlex.quote(value)} is not a whole number")
     if int(tasks) <= 1:
         return {}
+    if not environ.get("SLURM_STEP_ID"):  # srun's tasks have it; the batch script, the job's step 0, has not
+        raise LaunchError(f"{PROG}: SLURM_NTASKS={tasks} but SLURM_STEP_ID is not set: this is the job's batch script, "
+                          "not one of srun's tasks; run it as `srun bash launch/pretrain.sh ...` (one task a rank), "
+                          "or submit launch/examples/slurm.sbatch")
     addr = environ.get("MASTER_ADDR") or first_host(environ.get("SLURM_JOB_NODELIST", ""))
     return {"RANK": environ["SLURM_PROCID"], "LOCAL_RANK": environ.get("SLURM_LOCALID") or "0", "WORLD_SIZE": tasks,
             "MASTER_ADDR": addr, "MASTER_PORT": environ.get("MASTER_PORT") or "29500"}
+
+
+RANK_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")  # what a launcher sets a rank
+
+
+def launched_rank(environ: dict[str, str]) -> bool:
+    """Whether this process is a rank its launcher started (every one of RANK_VARIABLES set); False
+    where none of RANK and LOCAL_RANK is. Some set and others not are variables left in a shell: a
+    rank started with them would look for MPI to learn the rest, so they are refused by name."""
+    given = [name for name in ("RANK", "LOCAL_RANK") if environ.get(name)]
+    missing = [name for name in RANK_VARIABLES if not environ.get(name)]
+    if not given or not missing:
+        return bool(given)
+    said = " and ".join(f"{name}={shlex.quote(environ[name])}" for name in given)
+    raise LaunchError(f"{PROG}: {said} {'is' if len(given) == 1 else 'are'} set but {', '.join(missing)} "
+                      f"{'is' if len(missing) == 1 else 'are'} not: left in this shell by an earlier run? unset "
+                      f"{' '.join(given)} to launch (a launcher sets all of {', '.join(RANK_VARIABLES)})")
 
 
 def first_host(nodelist: str, prog: str = PROG) -> str:

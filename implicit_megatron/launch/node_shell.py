@@ -1,12 +1,13 @@
 """Everything a launch over several nodes hands another node's shell, checked by one function.
 
-    check(environ)                   # before anything starts: LaunchError naming each value
+    check(environ)                   # before anything starts: LaunchError naming each value (and TMPDIR)
     write_environment_file(environ)  # the environment file of this launch; its path
 
 Over several nodes (pdsh), DeepSpeed writes `export KEY=VALUE; ... cd DIR; python -m ...` into the
 command every node's shell runs: the variables whose names start with MLFLOW, PYTHON, MV2, UCX or
 NCCL, each `KEY=VALUE` line of its environment file (DS_ENV_FILE, default `.deepspeed_env` in the
-home and the working directory), and the working directory itself. A value with more than
+home and the working directory), and the working directory itself. A name goes in bare: one that is
+not `[A-Za-z_][A-Za-z0-9_]*` is refused by name. A value with more than
 `[\\w@%+=:,./-]` goes in double quotes, where a shell still runs `$(...)` and backquotes and a `"`
 ends the quoting; the directory goes in bare. The launch (supervisor.py) passes its ranks what a rank on one
 node gets (FORWARDED: the thread count, the launch itself: run_control.LAUNCH) through an
@@ -72,14 +73,28 @@ def _user_lines(environ: dict[str, str], home: Path, cwd: Path) -> tuple[list[st
 
 
 def problems(environ: dict[str, str], home: Path, cwd: Path) -> list[str]:
-    """Every value a multi-node launch would hand a remote shell that could run there, by name."""
-    found = [f"{key}={value!r} {unsafe_value(value)}" for key, value in sorted(environ.items())
-             if (key.startswith(PREFIXES) or key in FORWARDED) and unsafe_value(value)]
+    """Every name and value a multi-node launch would hand a remote shell that could run there, by name.
+    A name that is not one is refused rather than left out: the ranks would run without a setting
+    the user gave, and no shell can have set it (only `env` can)."""
+    exported = sorted(key for key in environ if key.startswith(PREFIXES) or key in FORWARDED)
+    found = [f"the variable name {key!r} is not a name ({NAME.pattern}): DeepSpeed writes it bare in its "
+             "`export NAME=VALUE;`" for key in exported if not NAME.fullmatch(key)]
+    found += [f"{key}={environ[key]!r} {unsafe_value(environ[key])}" for key in exported
+              if NAME.fullmatch(key) and unsafe_value(environ[key])]
     found += _user_lines(environ, home, cwd)[1]
     if not BARE.fullmatch(str(cwd)):
         found.append(f"the working directory {str(cwd)!r} has characters a shell reads (DeepSpeed's `cd` names "
                      "it unquoted); launch from a path of letters, digits and ./_-")
     return found
+
+
+def tmpdir_problem(environ: dict[str, str]) -> str | None:
+    """Why TMPDIR, where this launch writes its environment file, cannot hold it (None: it can)."""
+    folder = environ.get("TMPDIR")
+    if not folder or (os.path.isdir(folder) and os.access(folder, os.W_OK | os.X_OK)):
+        return None
+    why = "it is not a folder" if os.path.exists(folder) else "it does not exist"
+    return f"TMPDIR={folder} is not a folder this launch can write its environment file in ({why})"
 
 
 def environment_file(environ: dict[str, str], home: Path, cwd: Path) -> str:
@@ -92,6 +107,8 @@ def environment_file(environ: dict[str, str], home: Path, cwd: Path) -> str:
 def check(environ: dict[str, str]) -> None:
     """Before anything starts: raise LaunchError naming each value a node's shell would run."""
     found = problems(environ, Path.home(), Path.cwd())
+    if tmpdir_problem(environ):
+        raise LaunchError(f"{PROG}: {tmpdir_problem(environ)}")
     if found:
         raise LaunchError("\n".join(f"{PROG}: {problem}; every node's remote shell would read it (DeepSpeed's pdsh "
                                      "launch)" for problem in found))
@@ -99,7 +116,12 @@ def check(environ: dict[str, str]) -> None:
 
 def write_environment_file(environ: dict[str, str]) -> str:
     """This launch's environment file (removed by the launch at its end); its path."""
-    handle, name = tempfile.mkstemp(prefix="pretrain-env.", dir=environ.get("TMPDIR") or None)
-    with os.fdopen(handle, "w") as out:
-        out.write(environment_file(environ, Path.home(), Path.cwd()))
+    text = environment_file(environ, Path.home(), Path.cwd())
+    try:
+        handle, name = tempfile.mkstemp(prefix="pretrain-env.", dir=environ.get("TMPDIR") or None)
+        with os.fdopen(handle, "w") as out:
+            out.write(text)
+    except OSError as err:  # checked before the launch (problems); a full disk or a folder gone since
+        raise LaunchError(f"{PROG}: TMPDIR={environ.get('TMPDIR') or tempfile.gettempdir()}: the launch's environment "
+                          f"file could not be written ({type(err).__name__}: {err.strerror})") from None
     return name

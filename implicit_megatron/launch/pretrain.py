@@ -20,7 +20,13 @@ from pathlib import Path
 
 from implicit_megatron.launch import node_shell
 from implicit_megatron.launch.command import RANK_MODULE, launcher_command
-from implicit_megatron.launch.environment import PROG, LaunchEnvironment, LaunchError, slurm_task_rank
+from implicit_megatron.launch.environment import (
+    PROG,
+    LaunchEnvironment,
+    LaunchError,
+    launched_rank,
+    slurm_task_rank,
+)
 from implicit_megatron.launch.supervisor import LaunchResult, supervise
 from implicit_megatron.launch.world import world_of
 from implicit_megatron.prelaunch import checked_configs
@@ -63,11 +69,12 @@ def launch(argv: list[str], environ: dict[str, str], signals: StopSignals) -> La
     environ = {**DEFAULTS, **environ}
     env = LaunchEnvironment.read(environ)
     environ.update(slurm_task_rank(environ))
-    if environ.get("RANK") and environ.get("LOCAL_RANK"):  # started by a launcher (or srun): be this rank
+    if launched_rank(environ):  # started by a launcher (or srun): be this rank
         be_the_rank(environ, env.python, args, signals)
     if env.multi_node:
         node_shell.check(environ)
     world = world_of(env)
+    command = launcher_command(env, world, world.port(env), args)  # LAUNCHER_ARGS checked: before the config
     output_dir, tracking_uri = checked_config(args, world.size)
     held = in_use(output_dir)  # one run per output folder: refused before this launch writes into it
     if held:
@@ -79,12 +86,12 @@ def launch(argv: list[str], environ: dict[str, str], signals: StopSignals) -> La
         environ["PDSH_SSH_ARGS_APPEND"] = f"{ssh} -o ServerAliveInterval=5 -o ServerAliveCountMax=2".strip()
         if not world.gpus:
             environ.setdefault("DS_ACCELERATOR", "cpu")  # CPU ranks on gloo, on every node
-    command = launcher_command(env, world, world.port(env), args)
     return supervise(command, Path(output_dir), environ, signals, env.multi_node, tracking_uri)
 
 
-def main(argv: list[str] | None = None) -> int:
-    signals = install_stop_signals(interrupt=False)  # Ctrl-C: once the ranks run (before, it ends the launch)
+def main(argv: list[str] | None = None, signals: StopSignals | None = None) -> int:
+    """`signals`: taken already (__main__.py takes them before importing this)."""
+    signals = signals or install_stop_signals(interrupt=False)  # Ctrl-C: once the ranks run (before: at once)
     try:
         return launch(sys.argv[1:] if argv is None else argv, dict(os.environ), signals).status
     except LaunchError as err:

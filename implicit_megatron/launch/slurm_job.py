@@ -3,7 +3,9 @@
 launch/examples/slurm.sbatch hands over to this on the allocation's first node. The job's counts
 are checked (sbatch's --export=ALL may bring the submitting shell's values where SLURM sets none),
 the rendezvous is the allocation's first node, and `srun` starts one task per GPU (per CPU process
-on nodes without GPUs), each running launch/pretrain.sh as one rank. `srun` is this launch's
+on nodes without GPUs), each running launch/pretrain.sh as one rank. srun runs no shell: its words
+are ours, the config's arguments (handed on as words) and the image with one of apptainer's GPU
+flags, both checked (an option smuggled in as either is refused naming its variable). `srun` is this launch's
 launcher, run by the launch's own supervisor (supervisor.py): a stop signal sent to the job's batch
 process (SIGTERM, SIGHUP, or SLURM's `--signal=B:...` warning, whichever run_control.STOP_SIGNALS
 takes) asks the ranks for the graceful stop, as one sent to the tasks themselves does. A run that
@@ -17,6 +19,7 @@ standard library, so the host's python3 is enough; the config check and the rank
 from __future__ import annotations
 
 import os
+import shlex
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -28,6 +31,7 @@ from implicit_megatron.run_control import StopSignals, install_stop_signals
 
 PROG = "slurm.sbatch"
 USAGE = "usage: sbatch launch/examples/slurm.sbatch CONFIG [key=value ...]"
+GPU_FLAGS = ("--rocm", "--nv", "")
 COUNTS = ("SLURM_GPUS_ON_NODE", "SLURM_NTASKS_PER_NODE", "SLURM_JOB_NUM_NODES", "SLURM_CPUS_ON_NODE",
           "SLURM_CPUS_PER_TASK", "MASTER_PORT")
 
@@ -67,7 +71,12 @@ def runner(environ: dict[str, str], here: Path) -> tuple[list[str], str]:
     image = environ.get("CONTAINER")
     if not image:
         return [], environ.get("PYTHON") or sys.executable
-    flags = environ.get("APPTAINER_GPU_FLAG", "--rocm").split()
+    flag = environ.get("APPTAINER_GPU_FLAG", "--rocm")
+    if flag not in GPU_FLAGS:  # one of apptainer's GPU flags, not any option of it
+        raise LaunchError(f"{PROG}: APPTAINER_GPU_FLAG={shlex.quote(flag)} is not one of --rocm, --nv or empty")
+    if image.startswith("-"):
+        raise LaunchError(f"{PROG}: CONTAINER={shlex.quote(image)} is not an image: it would be read as an option")
+    flags = [flag] if flag else []
     return ["apptainer", "exec", *flags, "--bind", str(here), "--pwd", str(here), "--env", "PYTHON=python3",
             image], "python3"
 
@@ -80,10 +89,10 @@ def main(argv: list[str], environ: dict[str, str]) -> int:
     here = Path.cwd()
     try:
         job = Job.read(environ)
+        run, python = runner(environ, here)
     except LaunchError as err:
         print(err, file=sys.stderr)
         return 2
-    run, python = runner(environ, here)
     # the run's folder, where the stop request and the run's end go; a bad config ends the job here
     checked = subprocess.run([*run, python, "-m", "implicit_megatron.config", *argv, "--world-size", str(job.world),
                               "--get", "output_dir"], stdout=subprocess.PIPE, text=True)

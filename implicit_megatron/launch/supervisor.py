@@ -5,9 +5,9 @@ that a terminal's Ctrl-C reaches this process only. A stop signal (implicit_mega
 SIGTERM, SIGHUP, a first Ctrl-C, ...) becomes the stop request in the output folder, which rank 0
 reads at its next step: the ranks finish it, save a checkpoint and exit 0, rank 0 writing the run's
 end, which says the stop was graceful when the launcher itself exits non-zero (it got the signal
-too). A second Ctrl-C kills the launcher and its ranks at once; their MLflow run, which they could
-not end, is recorded KILLED here, once. A stop asked before the ranks start ends the launch at once,
-as a graceful stop with nothing trained. The handlers only count; the watch loop acts.
+too). A second Ctrl-C, or SIGQUIT (quit now), kills the launcher and its ranks at once; their MLflow
+run, which they could not end, is recorded KILLED here, once. A stop asked before the ranks start
+ends the launch at once, as a graceful stop with nothing trained. The handlers only count; the watch loop acts.
 
 The ranks know their launch (run_control.Launch): they end, exit status 3, when it is gone (a kill
 -9 of its process group), and rank 0 says so in one line. When only their launcher is gone (killed by
@@ -29,6 +29,8 @@ from data_pipeline.processes import start_ticks
 from implicit_megatron.launch import node_shell
 from implicit_megatron.launch.environment import PROG
 from implicit_megatron.run_control import (
+    AT_ONCE_SIGNALS,
+    SECOND_INTERRUPT,
     STOP_SIGNALS,
     Launch,
     RunEnd,
@@ -37,6 +39,8 @@ from implicit_megatron.run_control import (
     ignore_stop_signals,
     install_stop_signals,
 )
+
+QUIT_STATUS = 128 + signal.SIGQUIT  # a launch ended at once by SIGQUIT, as a shell reports it
 
 
 @dataclass(frozen=True)
@@ -62,6 +66,10 @@ def supervise(command: list[str], folder: Path, environ: dict[str, str], signals
     """Run the launcher to its end, acting on the stop signals."""
     StopRequest.arm(folder)
     RunEnd.clear(folder)  # an earlier launch's: what the folder says from now on is this one's
+    if signals.quit_asked():
+        print(f"{prog}: stopped at once by {signals.quit_asked()} before the ranks started: nothing was trained",
+              file=sys.stderr, flush=True)
+        return LaunchResult(QUIT_STATUS)
     if signals.asked():
         print(f"{prog}: stopped by {signals.asked()} before the ranks started: nothing was trained; launch again "
               "to resume", file=sys.stderr, flush=True)
@@ -79,8 +87,9 @@ def supervise(command: list[str], folder: Path, environ: dict[str, str], signals
             try:
                 code = child.wait(timeout=0.2)  # a signal cuts the wait short: acted on at once
             except subprocess.TimeoutExpired:
-                if act(signals, child, folder, tracking_uri, prog):
-                    return LaunchResult(130)
+                status = act(signals, child, folder, tracking_uri, prog)
+                if status is not None:
+                    return LaunchResult(status)
     finally:
         if env_file:
             os.unlink(env_file)
@@ -95,12 +104,17 @@ def supervise(command: list[str], folder: Path, environ: dict[str, str], signals
     return LaunchResult(code, end)
 
 
-def act(signals: StopSignals, child: subprocess.Popen, folder: Path, tracking_uri: str | None, prog: str) -> bool:
-    """Act on the signals that came; True when a second Ctrl-C has ended the launch at once."""
+def act(signals: StopSignals, child: subprocess.Popen, folder: Path, tracking_uri: str | None,
+        prog: str) -> int | None:
+    """Act on the signals that came; the launch's exit status where one ended it at once (a second
+    Ctrl-C: 130; SIGQUIT: 131), else None."""
     for signum in signals.new():
+        if signum in AT_ONCE_SIGNALS:
+            kill_at_once(child, folder, tracking_uri, prog, AT_ONCE_SIGNALS[signum])
+            return QUIT_STATUS
         if signum == signal.SIGINT and signals.interrupts() > 1:
-            kill_at_once(child, folder, tracking_uri, prog)
-            return True
+            kill_at_once(child, folder, tracking_uri, prog, SECOND_INTERRUPT)
+            return 130
         try:
             StopRequest(STOP_SIGNALS[signum]).write(folder)
         except OSError as err:  # a read-only or vanished run folder: the ranks get the signal itself instead
@@ -112,12 +126,12 @@ def act(signals: StopSignals, child: subprocess.Popen, folder: Path, tracking_ur
         if signum == signal.SIGINT:
             print(f"{prog}: Ctrl-C: the ranks finish their step, save a checkpoint and stop (Ctrl-C again: at once)",
                   file=sys.stderr, flush=True)
-    return False
+    return None
 
 
-def kill_at_once(child: subprocess.Popen, folder: Path, tracking_uri: str | None, prog: str) -> None:
-    """A second Ctrl-C: the launcher's session killed; the run's MLflow end recorded, and the end said
-    here, once (rank 0, whose launch is alive, says nothing: train/__main__.py)."""
+def kill_at_once(child: subprocess.Popen, folder: Path, tracking_uri: str | None, prog: str, reason: str) -> None:
+    """A second Ctrl-C or SIGQUIT: the launcher's session killed; the run's MLflow end recorded, and the
+    end said here, once (rank 0, whose launch is alive, says nothing: train/__main__.py)."""
     with contextlib.suppress(ProcessLookupError):
         os.killpg(child.pid, signal.SIGKILL)
     child.wait()
@@ -130,7 +144,7 @@ def kill_at_once(child: subprocess.Popen, folder: Path, tracking_uri: str | None
     except Exception as err:  # noqa: BLE001 - the launch has ended already; say why the record could not be made
         recorded = f"its MLflow run's end was not recorded ({type(err).__name__}: {err})"
     said = "" if recorded.startswith("no MLflow") else f"; {recorded}"  # tracking off: nothing to say of it
-    print(f"{prog}: stopped at once by a second Ctrl-C: what was trained since the last checkpoint is lost{said}",
+    print(f"{prog}: stopped at once by {reason}: what was trained since the last checkpoint is lost{said}",
           file=sys.stderr, flush=True)
 
 

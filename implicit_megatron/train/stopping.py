@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 import time
 
-from implicit_megatron.run_control import StopSignals, install_stop_signals
+from implicit_megatron.run_control import SECOND_INTERRUPT, StopSignals, install_stop_signals
 
 STARTED = time.monotonic()  # this rank's start (the module is imported first thing): exit_after_minutes counts from it
 _signals: StopSignals | None = None
@@ -25,17 +25,17 @@ class StoppedDuringStartUp(BaseException):  # noqa: N818 - a stop, not an error:
     """A stop asked before the first step: nothing to save; the launch ends as a graceful stop."""
 
 
-def at_once() -> None:
-    """A second Ctrl-C: stop now, without saving (what the first one asked for takes a step)."""
-    os.write(2, b"[train] stopped at once by a second Ctrl-C: what was trained since the last checkpoint is lost\n")
-    os._exit(130)
+def at_once(reason: str) -> None:
+    """A second Ctrl-C, or SIGQUIT: stop now, without saving (what the first Ctrl-C asked for takes a step)."""
+    os.write(2, f"[train] stopped at once by {reason}: what was trained since the last checkpoint is lost\n".encode())
+    os._exit(130 if reason == SECOND_INTERRUPT else 131)  # 128 + SIGINT, 128 + SIGQUIT
 
 
 def signals() -> StopSignals:
     """This rank's stop signals, taken on the first call (the rank's entry calls it first thing)."""
     global _signals
     if _signals is None:
-        _signals = install_stop_signals(at_second_interrupt=at_once)
+        _signals = install_stop_signals(at_once=at_once)
     return _signals
 
 

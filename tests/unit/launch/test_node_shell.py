@@ -10,7 +10,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from implicit_megatron.launch.node_shell import environment_file, problems
+from implicit_megatron.launch.environment import LaunchError
+from implicit_megatron.launch.node_shell import environment_file, problems, tmpdir_problem, write_environment_file
 
 SAFE = {"PYTHONPATH": "/opt/a:/opt/b", "MLFLOW_TRACKING_URI": "http://tracker:5000/x?y=1&z=2",
         "NCCL_SOCKET_IFNAME": "eth0,ib0", "PYTHONWARNINGS": "ignore::DeprecationWarning", "HOME": "/root"}
@@ -77,3 +78,32 @@ def test_an_environment_file_too_large_to_be_lines_of_settings_is_named(tmp_path
     (tmp_path / ".deepspeed_env").write_text("NCCL_DEBUG=INFO\n" * 100_000)
     assert [p for p in problems({}, tmp_path, tmp_path) if ".deepspeed_env" in p] == [
         f"{tmp_path / '.deepspeed_env'}: over 1048576 bytes; an environment file (KEY=VALUE lines) is at most that"]
+
+
+@pytest.mark.processes  # bash, as a node's shell
+def test_a_name_a_node_shell_would_run_is_refused_by_name(tmp_path):
+    """DeepSpeed writes `export NAME=...;` with the name bare: a name is refused unless it is one."""
+    marker = tmp_path / "marker"
+    names = [f"MLFLOW_X$(touch {marker})", f"PYTHON_Y`touch {marker}`", f"NCCL_Z;touch {marker};Q",
+             f"MV2_N\ntouch {marker}\n"]
+    for name in names[:3]:  # what DeepSpeed's command does with each, run by a shell
+        subprocess.run(["bash", "-c", remote_exports({name: "1"}) + "true"], check=False)
+        assert marker.exists(), name
+        marker.unlink()
+    found = problems(SAFE | dict.fromkeys(names, "1"), tmp_path / "home", tmp_path)
+    assert len(found) == len(names) and not marker.exists()
+    for name, problem in zip(sorted(names), found):
+        assert problem.startswith(f"the variable name {name!r} is not a name"), problem
+
+
+def test_a_tmpdir_the_launch_cannot_write_its_environment_file_in_is_named(tmp_path):
+    """A multi-node launch writes its environment file in $TMPDIR: a missing one is named, not a traceback."""
+    missing = tmp_path / "no-such"
+    assert tmpdir_problem({"TMPDIR": str(missing)}) == \
+        f"TMPDIR={missing} is not a folder this launch can write its environment file in (it does not exist)"
+    (tmp_path / "file").write_text("")
+    assert "(it is not a folder)" in str(tmpdir_problem({"TMPDIR": str(tmp_path / "file")}))
+    assert tmpdir_problem({"TMPDIR": str(tmp_path)}) is None and tmpdir_problem({}) is None
+    with pytest.raises(LaunchError, match=r"^pretrain.sh: TMPDIR=.*no-such: the launch's environment file could "
+                                          r"not be written \(FileNotFoundError"):
+        write_environment_file({"TMPDIR": str(missing)})

@@ -58,6 +58,17 @@ def test_a_task_runs_the_image_s_python_or_this_checkout_s(tmp_path):
     assert runner({"CONTAINER": "c.sif", "APPTAINER_GPU_FLAG": "--nv"}, tmp_path)[0][2] == "--nv"
 
 
+@pytest.mark.parametrize("setting", [{"APPTAINER_GPU_FLAG": "--nv --bind /:/host"}, {"APPTAINER_GPU_FLAG": "--nv;id"},
+                                     {"APPTAINER_GPU_FLAG": "--writable"}, {"CONTAINER": "--fakeroot"}])
+def test_srun_s_words_are_only_what_the_job_lets_through(setting, tmp_path):
+    """Each word of the srun line is ours or checked: an option smuggled in as an image or a GPU flag
+    is refused naming the variable."""
+    with pytest.raises(LaunchError) as caught:
+        runner({"CONTAINER": "c.sif", **setting}, tmp_path)
+    name = next(iter(setting))
+    assert str(caught.value).startswith(f"slurm.sbatch: {name}=") and "\n" not in str(caught.value)
+
+
 @pytest.mark.processes
 def test_it_imports_only_the_standard_library():
     """With CONTAINER, the host's python3 runs it, without the project's dependencies (-S: no site)."""

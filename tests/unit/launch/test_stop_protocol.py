@@ -97,3 +97,18 @@ def test_each_phase_launches_with_the_processes_it_names(tmp_path):
     assert code == 0, out[-3000:]
     assert "phase bounded: starting with GPUS_PER_NODE=2 NPROC=2" in out
     assert (tmp_path / "rank-started").read_text().split()[1] == "1"  # the free phase's launch: NPROC=1
+
+
+@pytest.mark.parametrize("which", LAUNCHES)
+def test_sigquit_ends_the_launch_at_once_in_one_line(which, tmp_path):
+    """SIGQUIT (Ctrl-\\) means quit now: as a second Ctrl-C, the launcher's ranks are killed at once and
+    the end said in one line naming it, exit 131; no traceback, no core."""
+    proc = start(which, "hang", tmp_path)
+    started(proc, tmp_path)
+    os.kill(proc.pid, signal.SIGQUIT)
+    code, out = finish(proc)
+    assert code == 128 + signal.SIGQUIT, out[-3000:]
+    ends = [line for line in out.splitlines() if "is lost" in line]
+    assert len(ends) == 1 and "stopped at once by SIGQUIT (Ctrl-\\)" in ends[0], out[-3000:]
+    assert "Traceback" not in out and not (tmp_path / "stop-requested").exists(), out[-3000:]
+    assert not requeued(tmp_path)  # not a graceful stop: the job is not requeued

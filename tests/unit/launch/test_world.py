@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from implicit_megatron.launch.environment import LaunchEnvironment, LaunchError, slurm_task_rank
+from implicit_megatron.launch.environment import LaunchEnvironment, LaunchError, launched_rank, slurm_task_rank
 from implicit_megatron.launch.world import World, world_of
 
 
@@ -59,10 +59,36 @@ def test_a_port_beyond_65535_is_refused_by_name(tmp_path, value):
 
 
 def test_an_srun_task_of_several_is_a_rank(tmp_path):
-    task = {"SLURM_PROCID": "3", "SLURM_LOCALID": "1", "SLURM_NTASKS": "4", "MASTER_ADDR": "node1"}
+    task = {"SLURM_PROCID": "3", "SLURM_LOCALID": "1", "SLURM_NTASKS": "4", "SLURM_STEP_ID": "0",
+            "MASTER_ADDR": "node1"}
     assert slurm_task_rank(task) == {"RANK": "3", "LOCAL_RANK": "1", "WORLD_SIZE": "4", "MASTER_ADDR": "node1",
                                      "MASTER_PORT": "29500"}
     assert slurm_task_rank({**task, "SLURM_NTASKS": "1"}) == {}  # one task: it launches the world itself
     assert slurm_task_rank({**task, "RANK": "0"}) == {}  # a launcher set the rank already
     with pytest.raises(LaunchError, match=r"^pretrain.sh: SLURM_NTASKS='4;x' is not a whole number"):
         slurm_task_rank({**task, "SLURM_NTASKS": "4;x"})
+
+
+def test_a_batch_script_of_several_tasks_without_srun_is_refused_by_name():
+    """sbatch --ntasks=2 running pretrain.sh itself: rank 0 would wait for a rank 1 that never comes."""
+    batch = {"SLURM_PROCID": "0", "SLURM_LOCALID": "0", "SLURM_NTASKS": "2", "MASTER_ADDR": "node1"}
+    with pytest.raises(LaunchError, match=r"^pretrain.sh: SLURM_NTASKS=2 but SLURM_STEP_ID is not set: this is the "
+                                          r"job's batch script, not one of srun's tasks; .*srun"):
+        slurm_task_rank(batch)
+    assert slurm_task_rank({**batch, "SLURM_STEP_ID": "0"})["WORLD_SIZE"] == "2"
+
+
+@pytest.mark.parametrize("left", [{"RANK": "0", "LOCAL_RANK": "0"}, {"RANK": "3"}, {"LOCAL_RANK": "1"},
+                                  {"RANK": "1", "LOCAL_RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "a"}])
+def test_a_rank_s_variables_left_in_the_shell_are_named(left):
+    with pytest.raises(LaunchError) as caught:
+        launched_rank(left)
+    said = str(caught.value)
+    assert said.startswith("pretrain.sh: ") and "\n" not in said and "left in this shell" in said, said
+    assert all(f"{name}={value}" in said for name, value in left.items() if name in ("RANK", "LOCAL_RANK")), said
+
+
+def test_a_launcher_s_rank_is_one_and_a_launch_is_not():
+    assert launched_rank({}) is False
+    assert launched_rank({"RANK": "1", "LOCAL_RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "a",
+                          "MASTER_PORT": "29500"}) is True

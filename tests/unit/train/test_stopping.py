@@ -83,3 +83,17 @@ def test_a_stop_asked_of_an_earlier_launch_is_not_this_ones(launched, tmp_path, 
     Preemption(StopSignals({}), tmp_path, rank=0).before_resume()
     assert (StopRequest.read(tmp_path) is not None) == launched
     assert (RunEnd.read(tmp_path) is not None) == launched
+
+
+@pytest.mark.processes
+def test_sigquit_ends_a_rank_at_once_naming_it(tmp_path):
+    """SIGQUIT (quit now) is no graceful stop: the rank ends at once, in one line, exit 131, no core."""
+    import subprocess
+    import sys
+
+    code = ("import os, signal, time\nfrom implicit_megatron.train import stopping\nstopping.signals()\n"
+            "os.kill(os.getpid(), signal.SIGQUIT)\ntime.sleep(30)\n")
+    shown = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    assert shown.returncode == 131, shown.stderr[-2000:]
+    assert shown.stderr.strip() == "[train] stopped at once by SIGQUIT (Ctrl-\\): what was trained since the last " \
+                                   "checkpoint is lost"
