@@ -180,6 +180,9 @@ def check_order(dataset) -> None:
     document index once per epoch set, the final epoch apart where megatron-core kept it apart; the
     shuffle index next, from the same generator). Two permutations of the indices' length: a few
     seconds for the Pile, paid only where the cache is read."""
+    from data_pipeline.indexed import import_megatron
+
+    import_megatron()
     from megatron.core.datasets.gpt_dataset import _build_document_index, _build_shuffle_index
 
     doc, shuffle = np.asarray(dataset.document_index), np.asarray(dataset.shuffle_index)
