@@ -31,6 +31,7 @@ import numpy as np
 from data_pipeline.shard_check import ShardReadError
 
 BESIDE = "index-cache"  # the folder name older versions wrote beside the shards
+LOCK = ".lock"  # data_pipeline.packed builds the indices holding it
 _SAID: set[str] = set()
 
 
@@ -68,18 +69,34 @@ def say_received_ignored(prefixes: Sequence[str], cache_dir: str) -> None:
 
 
 def prepare_index_cache(cache_dir: str) -> None:
-    """Make `cache_dir` (mode 0700) or check the one there, and everything in it, before use."""
+    """Make `cache_dir` (mode 0700) or check the folder there, before its lock file is made in it.
+    Its entries are checked under that lock (check_entries): another process may be writing one."""
     if not os.path.lexists(cache_dir):
         try:
             os.makedirs(cache_dir, mode=0o700, exist_ok=True)
         except OSError as err:
             raise ShardReadError(f"{cache_dir}: cannot make the packed-sample index cache ({err.strerror}); set "
                                  "data.index_cache to a folder of yours") from None
-    check_index_cache(cache_dir)
+    _check_folder(cache_dir)
+    for entry in os.scandir(cache_dir):  # the lock file is opened before the lock is held: checked first
+        if entry.name == LOCK:
+            _check_entry(entry, cache_dir)
 
 
 def check_index_cache(cache_dir: str) -> None:
     """Refuse, by name, a cache folder others could write, and any entry megatron-core should not read."""
+    _check_folder(cache_dir)
+    check_entries(cache_dir)
+
+
+def check_entries(cache_dir: str) -> None:
+    """Every entry of the cache, as megatron-core would read it (under the cache's lock: no entry is
+    half-written by another process then)."""
+    for entry in os.scandir(cache_dir):
+        _check_entry(entry, cache_dir)
+
+
+def _check_folder(cache_dir: str) -> None:
     if os.path.islink(cache_dir):
         raise ShardReadError(f"{cache_dir}: the index cache is a symbolic link; remove it (it is rebuilt)")
     if not os.path.isdir(cache_dir):
@@ -92,8 +109,6 @@ def check_index_cache(cache_dir: str) -> None:
         raise ShardReadError(f"{cache_dir}: the index cache is writable by other users (mode "
                              f"{stat.S_IMODE(info.st_mode):o}); chmod go-w it, or set data.index_cache to a "
                              "folder of yours")
-    for entry in os.scandir(cache_dir):
-        _check_entry(entry, cache_dir)
 
 
 def _check_entry(entry: os.DirEntry, cache_dir: str) -> None:

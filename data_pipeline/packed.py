@@ -47,7 +47,9 @@ import numpy as np
 
 from data_pipeline.batches import DistributedBatchIterator
 from data_pipeline.index_cache import (
+    LOCK,
     cached_before,
+    check_entries,
     check_indices,
     check_order,
     index_cache_dir,
@@ -277,18 +279,23 @@ def _build_in_rank_order(build, cache_dir: str) -> Any:
     import torch.distributed as dist
 
     prepare_index_cache(cache_dir)
-    lock = os.path.join(cache_dir, ".lock")
+    lock = os.path.join(cache_dir, LOCK)
+
+    def checked_build():
+        check_entries(cache_dir)  # under the lock: no entry is half-written by another process
+        return build()
+
     if not (dist.is_available() and dist.is_initialized()):
         with exclusive_lock(lock):
-            return build()
+            return checked_build()
     result = None
     if dist.get_rank() == 0:
         with exclusive_lock(lock):
-            result = build()
+            result = checked_build()
     dist.barrier()
     if dist.get_rank() != 0:
         with exclusive_lock(lock):
-            result = build()
+            result = checked_build()
     return result
 
 
